@@ -1,0 +1,208 @@
+//! `buffered`: the design Kafka Streams shipped (KIP-892, offsets in the
+//! store as KIP-1035). Uncommitted writes live in an ordered map in guest
+//! memory; `commit` writes them and the offset as one atomic, synced batch.
+//! A crash loses the map and nothing else, so recovery has nothing to undo.
+//! Past `max_uncommitted_bytes` a write is refused with `uncommitted-limit`
+//! and the host commits early.
+
+use std::collections::BTreeMap;
+use txstore_guest_kit::{
+    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry,
+    Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
+};
+
+const OFFSET: &[u8] = b"committed-offset";
+/// Bytes counted per buffered entry on top of key and value: the map node's
+/// share and the two vectors' headers, so the count bounds real memory.
+const ENTRY_OVERHEAD: u64 = 64;
+const DEFAULT_LIMIT: u64 = 64 << 20;
+
+struct Store {
+    data: Keyspace,
+    meta: Keyspace,
+    /// Uncommitted writes: Some(value) or None for a delete.
+    buffer: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    bytes: u64,
+    limit: u64,
+    /// Set when a commit failed after taking the buffer: the host must
+    /// restart from recovery.
+    poisoned: bool,
+}
+
+static STORE: Slot<Store> = Slot::new();
+
+fn cost(key: &[u8], value: &Option<Vec<u8>>) -> u64 {
+    (key.len() + value.as_ref().map_or(0, Vec::len)) as u64 + ENTRY_OVERHEAD
+}
+
+impl Store {
+    fn usable(&self) -> Result<(), Error> {
+        if self.poisoned {
+            return Err(Error::Other("a commit failed; recover before using this store".into()));
+        }
+        Ok(())
+    }
+
+    /// Buffers `writes` if they fit (all or nothing).
+    fn buffer(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+        self.usable()?;
+        // Check with an upper bound (a key repeated in the batch counts twice)...
+        let mut next = self.bytes;
+        for (k, v) in &writes {
+            next += cost(k, v);
+            next -= self.buffer.get(k).map_or(0, |old| cost(k, old));
+        }
+        if !self.buffer.is_empty() && next > self.limit {
+            return Err(Error::UncommittedLimit(self.limit));
+        }
+        // ...then count exactly while inserting.
+        for (k, v) in writes {
+            self.bytes += cost(&k, &v);
+            if let Some(old) = self.buffer.get(&k) {
+                self.bytes -= cost(&k, old);
+            }
+            self.buffer.insert(k, v);
+        }
+        Ok(())
+    }
+}
+
+struct Buffered;
+
+impl Guest for Buffered {
+    fn init(options: Vec<(String, String)>) -> Result<(), Error> {
+        check_options("buffered", &options, &["max_uncommitted_bytes"])?;
+        let mut limit = DEFAULT_LIMIT;
+        for (name, value) in &options {
+            if name == "max_uncommitted_bytes" {
+                limit = value.parse().map_err(|_| {
+                    Error::InvalidArgument(format!("buffered: max_uncommitted_bytes `{value}` is not a byte count"))
+                })?;
+            }
+        }
+        STORE.set(Store {
+            data: Keyspace::open("data")?,
+            meta: Keyspace::open("meta")?,
+            buffer: BTreeMap::new(),
+            bytes: 0,
+            limit,
+            poisoned: false,
+        });
+        Ok(())
+    }
+
+    fn transactional() -> bool {
+        true
+    }
+
+    fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
+        STORE.with(|s| {
+            s.buffer.clear();
+            s.bytes = 0;
+            s.poisoned = false;
+            let stored = read_u64(&s.meta, OFFSET)?;
+            if checkpointed > stored {
+                return Err(Error::Corrupt(format!(
+                    "the checkpoint says offset {checkpointed:?} but the store committed only {stored:?}"
+                )));
+            }
+            let action = if checkpointed == stored { RecoveryAction::Clean } else { RecoveryAction::Discarded };
+            Ok(Recovery { offset: stored, action })
+        })
+    }
+
+    fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+        STORE.with(|s| {
+            s.usable()?;
+            if isolation == Isolation::ReadUncommitted {
+                if let Some(v) = s.buffer.get(&key) {
+                    return Ok(v.clone());
+                }
+            }
+            s.data.get(&key)
+        })
+    }
+
+    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        STORE.with(|s| {
+            s.usable()?;
+            if isolation == Isolation::ReadCommitted {
+                return s.data.get_many(&keys);
+            }
+            let misses: Vec<Vec<u8>> = keys.iter().filter(|k| !s.buffer.contains_key(*k)).cloned().collect();
+            let mut stored = s.data.get_many(&misses)?.into_iter();
+            Ok(keys
+                .iter()
+                .map(|k| match s.buffer.get(k) {
+                    Some(v) => v.clone(),
+                    None => stored.next().flatten(),
+                })
+                .collect())
+        })
+    }
+
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+        check_range(&start, &end)?;
+        STORE.with(|s| {
+            s.usable()?;
+            if isolation == Isolation::ReadCommitted {
+                return read_range(&s.data, start.as_deref(), end.as_deref(), limit);
+            }
+            let mut base = CursorIter::new(&s.data, start.as_deref(), end.as_deref())?;
+            let overlay = s.buffer.range(bounds(start, end)).map(|(k, v)| (k.clone(), v.clone()));
+            let out = merge(&mut base, overlay, limit);
+            base.finish()?;
+            Ok(out)
+        })
+    }
+
+    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
+        STORE.with(|s| s.buffer(vec![(key, Some(value))]))
+    }
+
+    fn delete(key: Vec<u8>) -> Result<(), Error> {
+        STORE.with(|s| s.buffer(vec![(key, None)]))
+    }
+
+    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
+        STORE.with(|s| s.buffer(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
+    }
+
+    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
+        STORE.with(|s| s.buffer(keys.into_iter().map(|k| (k, None)).collect()))
+    }
+
+    fn commit(offset: u64) -> Result<(), Error> {
+        STORE.with(|s| {
+            s.usable()?;
+            // Move, not copy, the buffer into the batch: memory stays ~1x.
+            let ops: Vec<Op> = std::mem::take(&mut s.buffer)
+                .into_iter()
+                .map(|(key, v)| match v {
+                    Some(value) => Op::Put(Entry { key, value }),
+                    None => Op::Delete(key),
+                })
+                .collect();
+            s.bytes = 0;
+            let result = storage::write(
+                &[
+                    KeyspaceOps { keyspace: &s.data, ops },
+                    KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] },
+                ],
+                true,
+            );
+            s.poisoned = result.is_err();
+            result
+        })
+    }
+
+    fn committed_offset() -> Result<Option<u64>, Error> {
+        STORE.with(|s| read_u64(&s.meta, OFFSET))
+    }
+
+    fn approximate_uncommitted_bytes() -> u64 {
+        STORE.peek(0, |s| s.bytes)
+    }
+}
+
+export_store!(Buffered);

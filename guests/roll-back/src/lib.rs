@@ -1,0 +1,237 @@
+//! `roll-back`: writes go straight to `main`; before a key's first write in
+//! a transaction, its prior value goes to the `undo` keyspace (a tag byte:
+//! 1 + value if it existed, 0 if not), in the same atomic batch as the
+//! write. Commit clears `undo` and records the offset in one synced batch.
+//! Recovery puts every undo entry back into `main`, then clears `undo`:
+//! the store returns to the last committed image, in time proportional to
+//! the uncommitted writes, not to the state.
+//!
+//! Read-committed reads see through the undo log: a key written in the
+//! open transaction reads its prior value from `undo`.
+
+use std::collections::HashSet;
+use txstore_guest_kit::{
+    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
+    Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
+};
+
+const OFFSET: &[u8] = b"committed-offset";
+const EXISTED: u8 = 1;
+const ABSENT: u8 = 0;
+
+struct Store {
+    main: Keyspace,
+    undo: Keyspace,
+    meta: Keyspace,
+    /// Keys with an undo entry in the open transaction (so a second write
+    /// of a key costs no extra read, and committed reads know where to look).
+    touched: HashSet<Vec<u8>>,
+    bytes: u64,
+}
+
+static STORE: Slot<Store> = Slot::new();
+
+fn encode_prior(prior: Option<Vec<u8>>) -> Vec<u8> {
+    match prior {
+        Some(mut v) => {
+            v.insert(0, EXISTED);
+            v
+        }
+        None => vec![ABSENT],
+    }
+}
+
+fn decode_prior(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+    match stored.first() {
+        Some(&EXISTED) => {
+            stored.remove(0);
+            Ok(Some(stored))
+        }
+        Some(&ABSENT) if stored.len() == 1 => Ok(None),
+        _ => Err(Error::Corrupt("undo keyspace holds a value without a valid tag".into())),
+    }
+}
+
+impl Store {
+    /// Writes `writes` to `main`, saving prior values of keys not yet touched.
+    fn write(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+        let mut fresh: Vec<Vec<u8>> = Vec::new();
+        let mut seen = HashSet::new();
+        for (k, _) in &writes {
+            if !self.touched.contains(k) && seen.insert(k) {
+                fresh.push(k.clone());
+            }
+        }
+        let priors = if fresh.is_empty() { Vec::new() } else { self.main.get_many(&fresh)? };
+        let bytes: u64 = writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum();
+        let undo_ops = fresh.iter().zip(priors).map(|(k, p)| Op::Put(Entry { key: k.clone(), value: encode_prior(p) }));
+        let main_ops = writes.into_iter().map(|(key, v)| match v {
+            Some(value) => Op::Put(Entry { key, value }),
+            None => Op::Delete(key),
+        });
+        // One atomic batch: a write is never durable without its undo entry.
+        storage::write(
+            &[
+                KeyspaceOps { keyspace: &self.undo, ops: undo_ops.collect() },
+                KeyspaceOps { keyspace: &self.main, ops: main_ops.collect() },
+            ],
+            false,
+        )?;
+        self.touched.extend(fresh);
+        self.bytes += bytes;
+        Ok(())
+    }
+
+    /// Puts every prior value back, 1024 per call, then clears the log.
+    /// Idempotent: the log is only cleared once everything is back.
+    fn roll_back(&mut self) -> Result<(), Error> {
+        let mut it = CursorIter::new(&self.undo, None, None)?;
+        loop {
+            let mut ops = Vec::with_capacity(1024);
+            for e in it.by_ref().take(1024) {
+                ops.push(match decode_prior(e.value)? {
+                    Some(value) => Op::Put(Entry { key: e.key, value }),
+                    None => Op::Delete(e.key),
+                });
+            }
+            if ops.is_empty() {
+                break;
+            }
+            storage::write(&[KeyspaceOps { keyspace: &self.main, ops }], false)?;
+        }
+        it.finish()?;
+        storage::write(&[KeyspaceOps { keyspace: &self.undo, ops: vec![Op::Clear] }], true)
+    }
+
+    fn committed_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        if self.touched.contains(key) {
+            if let Some(prior) = self.undo.get(key)? {
+                return decode_prior(prior);
+            }
+        }
+        self.main.get(key)
+    }
+}
+
+struct RollBack;
+
+impl Guest for RollBack {
+    fn init(options: Vec<(String, String)>) -> Result<(), Error> {
+        check_options("roll-back", &options, &[])?;
+        STORE.set(Store {
+            main: Keyspace::open("main")?,
+            undo: Keyspace::open("undo")?,
+            meta: Keyspace::open("meta")?,
+            touched: HashSet::new(),
+            bytes: 0,
+        });
+        Ok(())
+    }
+
+    fn transactional() -> bool {
+        true
+    }
+
+    fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
+        STORE.with(|s| {
+            s.touched.clear();
+            s.bytes = 0;
+            let rolled = !s.undo.is_empty()?;
+            if rolled {
+                s.roll_back()?;
+            }
+            let stored = read_u64(&s.meta, OFFSET)?;
+            if checkpointed > stored {
+                return Err(Error::Corrupt(format!(
+                    "the checkpoint says offset {checkpointed:?} but the store committed only {stored:?}"
+                )));
+            }
+            let action = match (rolled, checkpointed == stored) {
+                (true, _) => RecoveryAction::RolledBack,
+                (false, true) => RecoveryAction::Clean,
+                (false, false) => RecoveryAction::Discarded,
+            };
+            Ok(Recovery { offset: stored, action })
+        })
+    }
+
+    fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+        STORE.with(|s| match isolation {
+            Isolation::ReadUncommitted => s.main.get(&key),
+            Isolation::ReadCommitted => s.committed_get(&key),
+        })
+    }
+
+    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        STORE.with(|s| {
+            if isolation == Isolation::ReadUncommitted || s.touched.is_empty() {
+                return s.main.get_many(&keys);
+            }
+            keys.iter().map(|k| s.committed_get(k)).collect()
+        })
+    }
+
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+        check_range(&start, &end)?;
+        STORE.with(|s| {
+            if isolation == Isolation::ReadUncommitted || s.touched.is_empty() {
+                return read_range(&s.main, start.as_deref(), end.as_deref(), limit);
+            }
+            let mut base = CursorIter::new(&s.main, start.as_deref(), end.as_deref())?;
+            let mut undo = CursorIter::new(&s.undo, start.as_deref(), end.as_deref())?;
+            let mut bad = None;
+            let overlay = undo.by_ref().map(|e| match decode_prior(e.value) {
+                Ok(v) => (e.key, v),
+                Err(err) => {
+                    bad = Some(err);
+                    (e.key, None)
+                }
+            });
+            let out = merge(&mut base, overlay, limit);
+            base.finish()?;
+            undo.finish()?;
+            bad.map_or(Ok(out), Err)
+        })
+    }
+
+    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
+        STORE.with(|s| s.write(vec![(key, Some(value))]))
+    }
+
+    fn delete(key: Vec<u8>) -> Result<(), Error> {
+        STORE.with(|s| s.write(vec![(key, None)]))
+    }
+
+    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
+        STORE.with(|s| s.write(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
+    }
+
+    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
+        STORE.with(|s| s.write(keys.into_iter().map(|k| (k, None)).collect()))
+    }
+
+    fn commit(offset: u64) -> Result<(), Error> {
+        STORE.with(|s| {
+            storage::write(
+                &[
+                    KeyspaceOps { keyspace: &s.undo, ops: vec![Op::Clear] },
+                    KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] },
+                ],
+                true,
+            )?;
+            s.touched.clear();
+            s.bytes = 0;
+            Ok(())
+        })
+    }
+
+    fn committed_offset() -> Result<Option<u64>, Error> {
+        STORE.with(|s| read_u64(&s.meta, OFFSET))
+    }
+
+    fn approximate_uncommitted_bytes() -> u64 {
+        STORE.peek(0, |s| s.bytes)
+    }
+}
+
+export_store!(RollBack);

@@ -1,0 +1,132 @@
+//! `wipe-on-crash`: the non-transactional baseline.
+//!
+//! Writes go straight to the `data` keyspace; `commit` records the offset and
+//! makes everything durable. The store cannot tell committed from uncommitted
+//! writes, so both isolation levels read the same thing, and after an unclean
+//! stop (no checkpoint) recovery wipes the store and the host replays the
+//! whole changelog. This is what Kafka Streams does today under exactly-once.
+
+use txstore_guest_kit::{
+    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, Entry, Error, Guest, Isolation,
+    Keyspace, KeyspaceOps, Level, Op, Recovery, RecoveryAction, Slot,
+};
+
+const OFFSET: &[u8] = b"committed-offset";
+
+struct Store {
+    data: Keyspace,
+    meta: Keyspace,
+    uncommitted_bytes: u64,
+}
+
+static STORE: Slot<Store> = Slot::new();
+
+struct WipeOnCrash;
+
+impl Guest for WipeOnCrash {
+    fn init(options: Vec<(String, String)>) -> Result<(), Error> {
+        check_options("wipe-on-crash", &options, &[])?;
+        STORE.set(Store { data: Keyspace::open("data")?, meta: Keyspace::open("meta")?, uncommitted_bytes: 0 });
+        Ok(())
+    }
+
+    fn transactional() -> bool {
+        false
+    }
+
+    fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
+        STORE.with(|s| {
+            let stored = read_offset(s)?;
+            match (checkpointed, stored) {
+                // A checkpoint means the last stop was clean (under exactly-once
+                // the host removes it at start-up): the store holds that state.
+                (Some(c), Some(o)) if o >= c => Ok(Recovery { offset: Some(c), action: RecoveryAction::Clean }),
+                (None, None) if s.data.is_empty()? => Ok(Recovery { offset: None, action: RecoveryAction::Clean }),
+                _ => {
+                    storage::log(Level::Warn, "no usable checkpoint: wiping the store for a full replay");
+                    storage::write(
+                        &[
+                            KeyspaceOps { keyspace: &s.data, ops: vec![Op::Clear] },
+                            KeyspaceOps { keyspace: &s.meta, ops: vec![Op::Clear] },
+                        ],
+                        true,
+                    )?;
+                    s.uncommitted_bytes = 0;
+                    Ok(Recovery { offset: None, action: RecoveryAction::Wiped })
+                }
+            }
+        })
+    }
+
+    fn get(key: Vec<u8>, _: Isolation) -> Result<Option<Vec<u8>>, Error> {
+        STORE.with(|s| s.data.get(&key))
+    }
+
+    fn get_many(keys: Vec<Vec<u8>>, _: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        STORE.with(|s| s.data.get_many(&keys))
+    }
+
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, _: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+        check_range(&start, &end)?;
+        STORE.with(|s| read_range(&s.data, start.as_deref(), end.as_deref(), limit))
+    }
+
+    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
+        STORE.with(|s| {
+            s.data.put(&key, &value)?;
+            s.uncommitted_bytes += (key.len() + value.len()) as u64;
+            Ok(())
+        })
+    }
+
+    fn delete(key: Vec<u8>) -> Result<(), Error> {
+        STORE.with(|s| {
+            s.data.delete(&key)?;
+            s.uncommitted_bytes += key.len() as u64;
+            Ok(())
+        })
+    }
+
+    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
+        STORE.with(|s| {
+            let bytes: u64 = entries.iter().map(|e| (e.key.len() + e.value.len()) as u64).sum();
+            let ops = entries.into_iter().map(Op::Put).collect();
+            storage::write(&[KeyspaceOps { keyspace: &s.data, ops }], false)?;
+            s.uncommitted_bytes += bytes;
+            Ok(())
+        })
+    }
+
+    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
+        STORE.with(|s| {
+            let bytes: u64 = keys.iter().map(|k| k.len() as u64).sum();
+            let ops = keys.into_iter().map(Op::Delete).collect();
+            storage::write(&[KeyspaceOps { keyspace: &s.data, ops }], false)?;
+            s.uncommitted_bytes += bytes;
+            Ok(())
+        })
+    }
+
+    fn commit(offset: u64) -> Result<(), Error> {
+        STORE.with(|s| {
+            // The offset and every write before it become durable together.
+            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] }], true)?;
+            s.uncommitted_bytes = 0;
+            Ok(())
+        })
+    }
+
+    fn committed_offset() -> Result<Option<u64>, Error> {
+        STORE.with(read_offset)
+    }
+
+    fn approximate_uncommitted_bytes() -> u64 {
+        STORE.peek(0, |s| s.uncommitted_bytes)
+    }
+}
+
+fn read_offset(s: &mut Store) -> Result<Option<u64>, Error> {
+    read_u64(&s.meta, OFFSET)
+}
+
+export_store!(WipeOnCrash);

@@ -1,0 +1,355 @@
+//! The embedded changelog: segment files of checksummed frames.
+//!
+//! Frame: `magic u32 | len u32 | crc32c u32 | kind u8 | offset u64 | payload`
+//! (little-endian; `len` counts from `kind`; the CRC covers `len` and the
+//! body). Every frame carries its offset, so frames can be found again
+//! after damage. A transaction is its data frames followed by a commit frame
+//! (payload: the input position); the committed offset is the commit
+//! frame's offset + 1. Segments roll only at commits, so a transaction
+//! never spans two files. Segment names are their first offset.
+//!
+//! At open, the log is scanned: frames after the last commit (a torn
+//! write, or a transaction a crash left open) are truncated with a warning
+//! naming the bytes. Damage followed by valid frames is *not* truncated,
+//! since committed data lies beyond it: it is reported, and a replay that
+//! must cross it fails with an error naming the segment and byte.
+
+use super::{Changelog, CommitInfo, Record, Replayed};
+use anyhow::{bail, Context, Result};
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+const MAGIC: u32 = 0x4754_5854; // "TXTG" read little-endian
+const HEADER: usize = 12;
+/// Largest frame body accepted: bounds what a corrupt length can make us read.
+pub const MAX_FRAME: usize = 256 << 20;
+const KIND_DATA: u8 = 1;
+const KIND_COMMIT: u8 = 2;
+const OP_PUT: u8 = 0;
+const OP_DELETE: u8 = 1;
+
+/// A damaged region found at open that valid frames follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub segment: PathBuf,
+    pub byte: u64,
+    pub len: u64,
+    /// The end of the first transaction committed after the damage: a
+    /// replay from at or past it never reads the damaged bytes.
+    pub cleared_at: Option<u64>,
+}
+
+/// What opening the log found and did.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    /// Bytes cut from the tail (torn frame or unfinished transaction).
+    pub truncated_bytes: u64,
+    /// Damage in the middle, left in place.
+    pub damage: Vec<Damage>,
+}
+
+pub struct EmbeddedLog {
+    dir: PathBuf,
+    segment_bytes: u64,
+    /// (first offset, path), in order.
+    segments: Vec<(u64, PathBuf)>,
+    writer: BufWriter<File>,
+    /// Bytes in the active segment up to the last commit.
+    committed_len: u64,
+    /// Bytes written to the active segment, including the open transaction.
+    written_len: u64,
+    next_offset: u64,
+    last: Option<CommitInfo>,
+    pub report: OpenReport,
+}
+
+/// One decoded frame.
+struct Frame<'a> {
+    kind: u8,
+    offset: u64,
+    payload: &'a [u8],
+}
+
+/// Decodes the frame at `buf[pos..]`, or None if it is not a whole valid frame.
+fn decode(buf: &[u8], pos: usize) -> Option<(Frame<'_>, usize)> {
+    let head = buf.get(pos..pos + HEADER)?;
+    let magic = u32::from_le_bytes(head[0..4].try_into().unwrap());
+    let len = u32::from_le_bytes(head[4..8].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(head[8..12].try_into().unwrap());
+    if magic != MAGIC || !(9..=MAX_FRAME).contains(&len) {
+        return None;
+    }
+    let body = buf.get(pos + HEADER..pos + HEADER + len)?;
+    if crc32c::crc32c_append(crc32c::crc32c(&head[4..8]), body) != crc {
+        return None;
+    }
+    let offset = u64::from_le_bytes(body[1..9].try_into().unwrap());
+    Some((Frame { kind: body[0], offset, payload: &body[9..] }, HEADER + len))
+}
+
+fn encode(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[&[u8]]) {
+    let len = 9 + payload.iter().map(|p| p.len()).sum::<usize>();
+    assert!(len <= MAX_FRAME, "changelog frame of {len} bytes exceeds {MAX_FRAME}");
+    let start = out.len();
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.push(kind);
+    out.extend_from_slice(&offset.to_le_bytes());
+    for p in payload {
+        out.extend_from_slice(p);
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start + 4..start + 8]), &out[start + HEADER..]);
+    out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn decode_record(payload: &[u8]) -> Result<Record> {
+    let (&op, rest) = payload.split_first().context("empty data frame")?;
+    let klen = u32::from_le_bytes(rest.get(0..4).context("short data frame")?.try_into().unwrap()) as usize;
+    let key = rest.get(4..4 + klen).context("data frame key overruns the frame")?.to_vec();
+    let value = &rest[4 + klen..];
+    match op {
+        OP_PUT => Ok(Record::Put(key, value.to_vec())),
+        OP_DELETE if value.is_empty() => Ok(Record::Delete(key)),
+        _ => bail!("data frame with unknown operation {op}"),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn segment_path(dir: &Path, first_offset: u64) -> PathBuf {
+    dir.join(format!("{first_offset:020}.log"))
+}
+
+/// Finds the next position after `from` where a valid frame starts.
+fn resync(buf: &[u8], from: usize) -> Option<usize> {
+    let magic = MAGIC.to_le_bytes();
+    (from..buf.len().saturating_sub(HEADER - 1)).find(|&p| buf[p..p + 4] == magic && decode(buf, p).is_some())
+}
+
+impl EmbeddedLog {
+    /// Opens (creating) the log in `dir`, checking and repairing as the
+    /// module documentation says.
+    pub fn open(dir: &Path, segment_bytes: u64) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
+        let mut segments = Vec::new();
+        for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if let Some(base) = name.strip_suffix(".log").and_then(|b| b.parse::<u64>().ok()) {
+                segments.push((base, path));
+            }
+        }
+        segments.sort();
+
+        let mut report = OpenReport::default();
+        let mut last = None;
+        // Where the committed data of the last segment ends.
+        let mut committed_len = 0u64;
+        let count = segments.len();
+        for (i, (_, path)) in segments.iter().enumerate() {
+            let buf = std::fs::read(path).with_context(|| format!("cannot read changelog segment {}", path.display()))?;
+            let mut pos = 0;
+            let mut good_end = 0;
+            while pos < buf.len() {
+                match decode(&buf, pos) {
+                    Some((frame, n)) => {
+                        if frame.kind == KIND_COMMIT {
+                            let input_position =
+                                u64::from_le_bytes(frame.payload.try_into().context("commit frame payload is not 8 bytes")?);
+                            last = Some(CommitInfo { offset: frame.offset + 1, input_position });
+                            good_end = pos + n;
+                            for d in report.damage.iter_mut().filter(|d| d.cleared_at.is_none()) {
+                                d.cleared_at = Some(frame.offset + 1);
+                            }
+                        }
+                        pos += n;
+                    }
+                    None => match resync(&buf, pos + 1) {
+                        Some(next) => {
+                            report.damage.push(Damage {
+                                segment: path.clone(),
+                                byte: pos as u64,
+                                len: (next - pos) as u64,
+                                cleared_at: None,
+                            });
+                            tracing::error!(
+                                "changelog segment {} is damaged at byte {pos} ({} bytes); valid frames follow, so \
+                                 nothing is truncated; a replay that needs those bytes will fail",
+                                path.display(),
+                                next - pos
+                            );
+                            pos = next;
+                        }
+                        None if i + 1 == count => break,
+                        None => bail!(
+                            "changelog segment {} is damaged at byte {pos} and later segments exist; refusing to \
+                             truncate committed data",
+                            path.display()
+                        ),
+                    },
+                }
+            }
+            if i + 1 == count {
+                let dropped = buf.len() - good_end;
+                if dropped > 0 {
+                    tracing::warn!(
+                        "changelog: truncated {dropped} bytes after the last commit in {} (byte {good_end} onwards: a \
+                         torn write or a transaction left open by a crash)",
+                        path.display()
+                    );
+                    let f = OpenOptions::new().write(true).open(path)?;
+                    f.set_len(good_end as u64)?;
+                    f.sync_all()?;
+                    report.truncated_bytes = dropped as u64;
+                }
+                committed_len = good_end as u64;
+            }
+        }
+        // Offsets of a truncated open transaction are reused.
+        let next_offset = last.map_or(0, |c: CommitInfo| c.offset);
+        if segments.is_empty() {
+            segments.push((0, segment_path(dir, 0)));
+        }
+        let active = &segments.last().unwrap().1;
+        let file = OpenOptions::new().create(true).append(true).open(active)?;
+        sync_dir(dir)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            segment_bytes,
+            segments,
+            writer: BufWriter::with_capacity(1 << 16, file),
+            committed_len,
+            written_len: committed_len,
+            next_offset,
+            last,
+            report,
+        })
+    }
+
+    fn write_frame(&mut self, kind: u8, payload: &[&[u8]]) -> Result<u64> {
+        let mut buf = Vec::new();
+        let offset = self.next_offset;
+        encode(&mut buf, kind, offset, payload);
+        self.writer.write_all(&buf)?;
+        self.written_len += buf.len() as u64;
+        self.next_offset += 1;
+        Ok(offset)
+    }
+
+    fn roll(&mut self) -> Result<()> {
+        let path = segment_path(&self.dir, self.next_offset);
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        sync_dir(&self.dir)?;
+        self.writer = BufWriter::with_capacity(1 << 16, file);
+        self.segments.push((self.next_offset, path));
+        self.committed_len = 0;
+        self.written_len = 0;
+        Ok(())
+    }
+
+    /// The segment files, oldest first.
+    pub fn segments(&self) -> impl Iterator<Item = &Path> {
+        self.segments.iter().map(|(_, p)| p.as_path())
+    }
+}
+
+impl Changelog for EmbeddedLog {
+    fn append(&mut self, record: &Record) -> Result<()> {
+        let (op, key, value): (u8, &[u8], &[u8]) = match record {
+            Record::Put(k, v) => (OP_PUT, k, v),
+            Record::Delete(k) => (OP_DELETE, k, &[]),
+        };
+        self.write_frame(KIND_DATA, &[&[op], &(key.len() as u32).to_le_bytes(), key, value])?;
+        Ok(())
+    }
+
+    fn commit(&mut self, input_position: u64) -> Result<u64> {
+        let marker = self.write_frame(KIND_COMMIT, &[&input_position.to_le_bytes()])?;
+        self.writer.flush()?;
+        self.writer.get_ref().sync_data().context("fsync of the changelog failed")?;
+        self.committed_len = self.written_len;
+        let info = CommitInfo { offset: marker + 1, input_position };
+        self.last = Some(info);
+        if self.committed_len >= self.segment_bytes {
+            self.roll()?;
+        }
+        Ok(info.offset)
+    }
+
+    fn abort(&mut self) -> Result<()> {
+        self.writer.flush()?;
+        self.writer.get_ref().set_len(self.committed_len)?;
+        self.writer.get_mut().seek(SeekFrom::End(0))?;
+        self.written_len = self.committed_len;
+        self.next_offset = self.last.map_or(self.segments.last().unwrap().0, |c| c.offset);
+        Ok(())
+    }
+
+    fn read_committed(&mut self, from: u64, f: &mut dyn FnMut(Replayed) -> Result<()>) -> Result<()> {
+        self.writer.flush()?;
+        let first = self.segments.iter().rposition(|(base, _)| *base <= from).unwrap_or(0);
+        let mut last_good = from;
+        for (i, (_, path)) in self.segments[first..].iter().enumerate() {
+            let buf = std::fs::read(path).with_context(|| format!("cannot read changelog segment {}", path.display()))?;
+            // The open transaction of the active segment is not for readers.
+            let limit = if first + i + 1 == self.segments.len() { self.committed_len as usize } else { buf.len() };
+            let mut pending = Vec::new();
+            // Damage inside the transaction being read: fatal only if it is delivered.
+            let mut damaged_at: Option<usize> = None;
+            let mut pos = 0;
+            while pos < limit {
+                let Some((frame, n)) = decode(&buf, pos) else {
+                    match resync(&buf[..limit], pos + 1) {
+                        Some(next) => {
+                            damaged_at.get_or_insert(pos);
+                            pos = next;
+                            continue;
+                        }
+                        None => bail!(
+                            "changelog segment {} is corrupt at byte {pos} (bad checksum or frame): replay cannot go \
+                             past offset {last_good}; nothing was deleted",
+                            path.display()
+                        ),
+                    }
+                };
+                match frame.kind {
+                    KIND_DATA => pending.push(frame.payload),
+                    KIND_COMMIT => {
+                        let txn_end = frame.offset + 1;
+                        if txn_end > from {
+                            if let Some(at) = damaged_at {
+                                bail!(
+                                    "changelog segment {} is corrupt at byte {at} (bad checksum or frame) inside the \
+                                     transaction ending at offset {txn_end}: replay cannot go past offset {last_good}; \
+                                     nothing was deleted",
+                                    path.display()
+                                );
+                            }
+                            for payload in pending.drain(..) {
+                                let record = decode_record(payload)
+                                    .with_context(|| format!("changelog segment {} at byte {pos}", path.display()))?;
+                                f(Replayed::Record(record))?;
+                            }
+                            f(Replayed::Commit(txn_end))?;
+                        }
+                        pending.clear();
+                        damaged_at = None;
+                        last_good = txn_end.max(from);
+                    }
+                    k => bail!("changelog segment {} has a frame of unknown kind {k} at byte {pos}", path.display()),
+                }
+                pos += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn last_commit(&self) -> Option<CommitInfo> {
+        self.last
+    }
+}

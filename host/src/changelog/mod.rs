@@ -1,0 +1,67 @@
+//! The changelog: a durable, transactional log of store writes. The task
+//! appends each write inside a transaction and commits it before the store
+//! commits; after a crash, the store is brought forward by replaying the
+//! committed transactions after the offset its recovery returned.
+//!
+//! The trait is small enough for a Kafka backend (transactional producer,
+//! `read_committed` consumer); [`embedded`] is the local default.
+
+pub mod embedded;
+
+pub use embedded::EmbeddedLog;
+
+use anyhow::Result;
+
+/// One write, as the changelog carries it: absolute values, never deltas,
+/// so replaying a transaction twice gives the same state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+impl Record {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Record::Put(k, _) | Record::Delete(k) => k,
+        }
+    }
+}
+
+/// What a replay sees, in log order.
+#[derive(Debug)]
+pub enum Replayed {
+    Record(Record),
+    /// The end of a committed transaction; the offset is its commit offset.
+    Commit(u64),
+}
+
+/// The last committed transaction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// Offset just after the transaction (what `commit` returned).
+    pub offset: u64,
+    /// The task's input position committed with it.
+    pub input_position: u64,
+}
+
+/// A transactional log. A transaction opens implicitly with the first
+/// `append` after a commit or abort.
+pub trait Changelog: Send {
+    /// Appends `record` to the open transaction (not visible to readers).
+    fn append(&mut self, record: &Record) -> Result<()>;
+    /// Durably commits the open transaction (possibly empty) together with
+    /// the task's input position; returns the new committed offset.
+    fn commit(&mut self, input_position: u64) -> Result<u64>;
+    /// Discards the open transaction.
+    fn abort(&mut self) -> Result<()>;
+    /// Calls `f` with every committed record whose transaction ends after
+    /// `from`, and with each transaction's end, in order.
+    fn read_committed(&mut self, from: u64, f: &mut dyn FnMut(Replayed) -> Result<()>) -> Result<()>;
+    /// The last committed transaction, if any.
+    fn last_commit(&self) -> Option<CommitInfo>;
+    /// The committed end offset (0 for an empty log).
+    fn end_offset(&self) -> u64 {
+        self.last_commit().map_or(0, |c| c.offset)
+    }
+}

@@ -1,0 +1,305 @@
+//! The `txstore` command line.
+
+use crate::config::Config;
+use crate::runtime::{GuestSource, Isolation, Runtime};
+use crate::task::{RecoveryReport, Task};
+use crate::{crash, runtime};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "txstore", version, about = "Transactional state stores for stream processing, as sandboxed wasm components")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// End the process abruptly at this crash point (also: TXSTORE_CRASH_AT).
+    #[arg(long, global = true, value_name = "POINT")]
+    crash_at: Option<crash::CrashPoint>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Process an input file through the configured guest, exactly-once.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Input file (overrides task.input).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Print the recovery report and the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run start-up recovery only and report what it did.
+    Recover {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read one key.
+    Get {
+        key: String,
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, value_enum, default_value_t = IsolationArg::Committed)]
+        isolation: IsolationArg,
+    },
+    /// Print keys in [from, to) as `key<TAB>value` lines (or JSON).
+    Scan {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        from: Option<String>,
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, value_enum, default_value_t = IsolationArg::Committed)]
+        isolation: IsolationArg,
+        #[arg(long, value_enum, default_value_t = Format::Tsv)]
+        format: Format,
+    },
+    /// Write one key (one committed transaction).
+    Put {
+        key: String,
+        value: String,
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Delete one key (one committed transaction).
+    Delete {
+        key: String,
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Show a guest's world, version and whether it is transactional.
+    Inspect {
+        /// A built-in name or a .wasm path.
+        guest: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum IsolationArg {
+    Committed,
+    Uncommitted,
+}
+
+impl From<IsolationArg> for Isolation {
+    fn from(i: IsolationArg) -> Self {
+        match i {
+            IsolationArg::Committed => Isolation::ReadCommitted,
+            IsolationArg::Uncommitted => Isolation::ReadUncommitted,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Tsv,
+    Json,
+}
+
+/// Renders bytes for a terminal: printable ASCII as is, `\\`, `\t`, `\n`
+/// and everything else as `\xNN`.
+pub fn escape(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'\\' => s.push_str("\\\\"),
+            b'\t' => s.push_str("\\t"),
+            b'\n' => s.push_str("\\n"),
+            0x20..=0x7e => s.push(b as char),
+            _ => s.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    s
+}
+
+fn runtime_for(config: &Config) -> Result<Runtime> {
+    Runtime::new(config.cache_dir())
+}
+
+fn open(config_path: &PathBuf) -> Result<(Task, RecoveryReport)> {
+    let config = Config::load(config_path)?;
+    let runtime = runtime_for(&config)?;
+    Task::open(&config, &runtime)
+}
+
+pub fn main(cli: Cli) -> Result<()> {
+    crash::arm(cli.crash_at).map_err(anyhow::Error::msg)?;
+    match cli.command {
+        Command::Run { config, input, json } => run(&config, input, json),
+        Command::Recover { config, json } => {
+            let (task, report) = open(&config)?;
+            task.close()?;
+            if json {
+                let (_, recover_calls) = crash::call_counts();
+                let mut value = serde_json::to_value(&report)?;
+                value["recover_storage_calls"] = recover_calls.into();
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                print_recovery(&report);
+            }
+            Ok(())
+        }
+        Command::Get { key, config, isolation } => {
+            let (mut task, _) = open(&config)?;
+            let value = task.get(key.as_bytes(), isolation.into())?;
+            task.close()?;
+            match value {
+                Some(v) => println!("{}", escape(&v)),
+                None => anyhow::bail!("key {} not found", escape(key.as_bytes())),
+            }
+            Ok(())
+        }
+        Command::Scan { config, from, to, isolation, format } => {
+            let (mut task, _) = open(&config)?;
+            let entries = task.store().range_all(from.as_deref().map(str::as_bytes), to.as_deref().map(str::as_bytes), isolation.into())?;
+            task.close()?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            match format {
+                Format::Tsv => {
+                    for (k, v) in entries {
+                        writeln!(out, "{}\t{}", escape(&k), escape(&v))?;
+                    }
+                }
+                Format::Json => {
+                    let rows: Vec<_> = entries
+                        .iter()
+                        .map(|(k, v)| serde_json::json!({"key": escape(k), "value": escape(v)}))
+                        .collect();
+                    writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+                }
+            }
+            Ok(())
+        }
+        Command::Put { key, value, config } => {
+            let (mut task, _) = open(&config)?;
+            task.write(&[crate::changelog::Record::Put(key.into_bytes(), value.into_bytes())])?;
+            task.commit()?;
+            task.close()?;
+            Ok(())
+        }
+        Command::Delete { key, config } => {
+            let (mut task, _) = open(&config)?;
+            task.write(&[crate::changelog::Record::Delete(key.into_bytes())])?;
+            task.commit()?;
+            task.close()?;
+            Ok(())
+        }
+        Command::Inspect { guest } => inspect(&guest),
+    }
+}
+
+fn print_recovery(r: &RecoveryReport) {
+    let off = |o: Option<u64>| o.map_or("none".to_string(), |o| o.to_string());
+    println!("guest:             {} (transactional: {})", r.guest, r.transactional);
+    println!("guarantee:         {}", r.guarantee);
+    match r.checkpoint {
+        Some(c) => println!("checkpoint:        found, offset {c}"),
+        None => println!("checkpoint:        none (first start, or an unclean stop)"),
+    }
+    let what = match r.action.as_str() {
+        "wiped" => "wiped the store",
+        "rolled-forward" => "rolled an interrupted commit forward",
+        "rolled-back" => "rolled back to the last committed image",
+        "discarded" => "discarded uncommitted writes",
+        _ => "nothing to undo",
+    };
+    println!("recovered to:      offset {} ({}: {what})", off(r.recovered_offset), r.action);
+    if r.changelog_truncated_bytes > 0 {
+        println!("changelog:         truncated {} bytes of an unfinished tail", r.changelog_truncated_bytes);
+    }
+    println!(
+        "replayed:          {} records in {} transactions (changelog end {})",
+        r.replayed_records, r.replayed_transactions, r.changelog_end
+    );
+    println!("input resumes at:  byte {}", r.input_position);
+    println!("time:              {:.1} ms", r.elapsed.as_secs_f64() * 1e3);
+}
+
+fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let input = input.or_else(|| config.input()).context("no input: pass --input FILE or set task.input in the config")?;
+    let runtime = runtime_for(&config)?;
+    let (mut task, report) = Task::open(&config, &runtime)?;
+    if !json {
+        eprintln!(
+            "recovered: {} to offset {} ({}), replayed {} records",
+            report.guest,
+            report.recovered_offset.map_or("none".into(), |o| o.to_string()),
+            report.action,
+            report.replayed_records
+        );
+    }
+    let file = std::fs::File::open(&input).with_context(|| format!("cannot open input {}", input.display()))?;
+    let total = file.metadata()?.len();
+    let mut position = task.input_position();
+    if position > total {
+        anyhow::bail!(
+            "input {} has {total} bytes but the changelog says {position} were already processed: wrong input file?",
+            input.display()
+        );
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    reader.seek(SeekFrom::Start(position))?;
+    let bar = indicatif::ProgressBar::new(total).with_position(position);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap(),
+    );
+    let started = Instant::now();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        position += n as u64;
+        let record = line.strip_suffix(b"\n").unwrap_or(&line);
+        task.process(record, position)?;
+        task.stats.input_bytes += n as u64;
+        if task.stats.records % 4096 == 0 {
+            bar.set_position(position);
+        }
+    }
+    bar.finish_and_clear();
+    let stats = task.close()?;
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        let (commit_calls, recover_calls) = crash::call_counts();
+        let calls = serde_json::json!({"commit": commit_calls, "recover": recover_calls});
+        println!("{}", serde_json::json!({"recovery": report, "stats": stats, "seconds": secs, "storage_calls": calls}));
+    } else {
+        println!(
+            "processed {} records ({} bytes) in {:.2} s: {} writes, {} commits ({} early)",
+            stats.records, stats.input_bytes, secs, stats.writes, stats.commits, stats.early_commits
+        );
+    }
+    Ok(())
+}
+
+fn inspect(guest: &str) -> Result<()> {
+    let runtime = Runtime::new(crate::config::default_cache_dir())?;
+    let source = GuestSource::parse(guest);
+    let component = runtime.load(&source)?;
+    let backend = crate::storage::MemoryBackend::new();
+    let storage = crate::storage::Backend::open_store(&backend, "inspect")?;
+    let mut instance = component.instantiate(storage, "inspect", &runtime::Limits::default())?;
+    let transactional = instance.transactional()?;
+    println!("guest:          {source}");
+    println!("world:          {}/store@{}", runtime::WIT_PACKAGE, runtime::WIT_VERSION);
+    println!("transactional:  {transactional}");
+    println!("exports:        {}", component.exports.join(", "));
+    println!("imports:        {}", component.imports.join(", "));
+    println!("sha256:         {}", component.load.hash);
+    println!(
+        "load:           {:.1} ms ({})",
+        component.load.elapsed.as_secs_f64() * 1e3,
+        if component.load.cached { "cached compilation" } else { "compiled" }
+    );
+    Ok(())
+}

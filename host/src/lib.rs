@@ -1,0 +1,20 @@
+//! txstore: transactional state stores for stream processing, with the
+//! strategy as a sandboxed WebAssembly component.
+//!
+//! Modules, one per part of the design:
+//! - [`runtime`]: wasmtime engine, guest loading and caching, sandbox limits;
+//! - [`storage`]: durable keyspaces and snapshots (RocksDB, memory);
+//! - [`changelog`]: the transactional log the store is rebuilt from;
+//! - [`checkpoint`]: the atomically written checkpoint file;
+//! - [`task`]: the exactly-once commit protocol and start-up recovery;
+//! - [`crash`]: named crash points for crash tests;
+//! - [`config`] and [`cli`]: the TOML configuration and the command line.
+
+pub mod changelog;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod crash;
+pub mod runtime;
+pub mod storage;
+pub mod task;

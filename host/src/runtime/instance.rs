@@ -1,0 +1,221 @@
+//! One live guest: a wasmtime `Store` with its instance, and typed calls
+//! that turn the guest's WIT errors, traps and limit breaches into
+//! [`CallError`]. A trapped instance cannot be called again; callers
+//! discard it and instantiate a new one.
+
+use super::bindings::exports::txstore::store::state_store as export;
+use super::bindings::txstore::store::types::Entry;
+use super::host::GuestState;
+use super::{bindings, GuestComponent, Limits, EPOCH_TICK};
+use crate::crash::Phase;
+use crate::storage::StoreStorage;
+use anyhow::Result;
+use super::limiter::{GuestLimiter, MemoryLimitExceeded};
+use wasmtime::Store;
+
+pub use bindings::txstore::store::types::Error as WitError;
+pub use export::{Isolation, Recovery, RecoveryAction};
+
+/// Why a guest call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The guest returned an error the contract defines.
+    #[error("guest {guest} returned an error from {func}: {err}")]
+    Guest { guest: String, func: &'static str, err: WitError },
+    /// The guest trapped, ran out of time or memory: the instance is dead.
+    #[error("guest {guest} failed in {func}: {reason}")]
+    Trap { guest: String, func: &'static str, reason: String },
+}
+
+impl CallError {
+    /// The guest asked for a commit before more writes.
+    pub fn is_uncommitted_limit(&self) -> bool {
+        matches!(self, CallError::Guest { err: WitError::UncommittedLimit(_), .. })
+    }
+
+    /// The instance must be discarded.
+    pub fn is_trap(&self) -> bool {
+        matches!(self, CallError::Trap { .. })
+    }
+}
+
+impl std::fmt::Display for WitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WitError::AccessDenied(m) => write!(f, "access denied: {m}"),
+            WitError::NoSuchSnapshot(n) => write!(f, "no such snapshot: {n}"),
+            WitError::UncommittedLimit(n) => write!(f, "uncommitted limit of {n} bytes reached"),
+            WitError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            WitError::Corrupt(m) => write!(f, "corrupt store: {m}"),
+            WitError::Storage(m) => write!(f, "storage failed: {m}"),
+            WitError::Other(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for WitError {}
+
+/// A live guest instance bound to one store's storage.
+pub struct StoreInstance {
+    store: Store<GuestState>,
+    api: bindings::Store,
+    label: String,
+    limits: Limits,
+    dead: bool,
+}
+
+impl StoreInstance {
+    pub(super) fn new(guest: &GuestComponent, storage: Box<dyn StoreStorage>, store_name: &str, limits: &Limits) -> Result<Self> {
+        let limiter = GuestLimiter::new(limits);
+        let mut store = Store::new(&guest.engine, GuestState::new(storage, store_name.to_string(), limiter));
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(u64::MAX / 2);
+        store.epoch_deadline_trap();
+        let api = guest.pre.instantiate(&mut store)?;
+        Ok(Self { store, api, label: guest.label.clone(), limits: limits.clone(), dead: false })
+    }
+
+    /// The guest's label (built-in name or path).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Runs one export call under the time budget, in `phase`.
+    fn call<T>(
+        &mut self,
+        func: &'static str,
+        phase: Phase,
+        f: impl FnOnce(&export::Guest, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
+    ) -> Result<T, CallError> {
+        if self.dead {
+            return Err(self.trap(func, "the instance trapped earlier and was discarded".into()));
+        }
+        let ticks = self.limits.call_timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1);
+        self.store.set_epoch_deadline(ticks);
+        self.store.data_mut().phase = phase;
+        let result = f(self.api.txstore_store_state_store(), &mut self.store);
+        self.store.data_mut().phase = Phase::Other;
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(err)) => Err(CallError::Guest { guest: self.label.clone(), func, err }),
+            Err(e) => {
+                self.dead = true;
+                let reason = self.explain(&e);
+                Err(self.trap(func, reason))
+            }
+        }
+    }
+
+    fn trap(&self, func: &'static str, reason: String) -> CallError {
+        CallError::Trap { guest: self.label.clone(), func, reason }
+    }
+
+    /// Says which limit a trap came from, when it came from one.
+    fn explain(&self, e: &wasmtime::Error) -> String {
+        match e.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => {
+                format!("guest exceeded its time limit of {} ms", self.limits.call_timeout_ms)
+            }
+            Some(wasmtime::Trap::StackOverflow) => "guest overflowed its wasm stack".into(),
+            _ if e.downcast_ref::<MemoryLimitExceeded>().is_some() => {
+                format!("guest exceeded its memory limit of {} MiB", self.limits.memory_mib)
+            }
+            _ => format!("guest trapped: {e:#}"),
+        }
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    pub fn init(&mut self, options: &[(String, String)]) -> Result<(), CallError> {
+        self.call("init", Phase::Other, |g, s| g.call_init(s, options))
+    }
+
+    pub fn transactional(&mut self) -> Result<bool, CallError> {
+        self.call("transactional", Phase::Other, |g, s| g.call_transactional(s).map(Ok))
+    }
+
+    pub fn recover(&mut self, checkpointed: Option<u64>) -> Result<Recovery, CallError> {
+        self.call("recover", Phase::Recover, |g, s| g.call_recover(s, checkpointed))
+    }
+
+    pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, CallError> {
+        self.call("get", Phase::Other, |g, s| g.call_get(s, key, isolation))
+    }
+
+    pub fn get_many(&mut self, keys: &[Vec<u8>], isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, CallError> {
+        self.call("get-many", Phase::Other, |g, s| g.call_get_many(s, keys, isolation))
+    }
+
+    /// One page of [start, end) at `isolation`, at most `limit` entries.
+    pub fn range(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        isolation: Isolation,
+        limit: u32,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
+        let page = self.call("range", Phase::Other, |g, s| g.call_range(s, start, end, isolation, limit))?;
+        Ok(page.into_iter().map(|e| (e.key, e.value)).collect())
+    }
+
+    /// Every entry of [start, end), paging through `range`.
+    pub fn range_all(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        isolation: Isolation,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
+        const PAGE: u32 = 1024;
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut next = start.map(<[u8]>::to_vec);
+        loop {
+            let page = self.range(next.as_deref(), end, isolation, PAGE)?;
+            let full = page.len() == PAGE as usize;
+            if let Some((k, _)) = page.last() {
+                let mut k = k.clone();
+                k.push(0);
+                next = Some(k);
+            }
+            out.extend(page);
+            if !full {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), CallError> {
+        self.call("put", Phase::Other, |g, s| g.call_put(s, key, value))
+    }
+
+    pub fn delete(&mut self, key: &[u8]) -> Result<(), CallError> {
+        self.call("delete", Phase::Other, |g, s| g.call_delete(s, key))
+    }
+
+    pub fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CallError> {
+        let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry { key: k.clone(), value: v.clone() }).collect();
+        self.call("put-many", Phase::Other, |g, s| g.call_put_many(s, &entries))
+    }
+
+    pub fn delete_many(&mut self, keys: &[Vec<u8>]) -> Result<(), CallError> {
+        self.call("delete-many", Phase::Other, |g, s| g.call_delete_many(s, keys))
+    }
+
+    pub fn commit(&mut self, offset: u64) -> Result<(), CallError> {
+        self.call("commit", Phase::Commit, |g, s| g.call_commit(s, offset))
+    }
+
+    pub fn committed_offset(&mut self) -> Result<Option<u64>, CallError> {
+        self.call("committed-offset", Phase::Other, |g, s| g.call_committed_offset(s))
+    }
+
+    pub fn approximate_uncommitted_bytes(&mut self) -> Result<u64, CallError> {
+        self.call("approximate-uncommitted-bytes", Phase::Other, |g, s| g.call_approximate_uncommitted_bytes(s).map(Ok))
+    }
+
+    /// The largest linear memory the guest has grown to, in bytes.
+    pub fn peak_memory_bytes(&self) -> u64 {
+        self.store.data().limits.peak_memory as u64
+    }
+}

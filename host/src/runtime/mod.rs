@@ -1,0 +1,292 @@
+//! The wasm runtime: one wasmtime [`Engine`] for the process, guests
+//! compiled once and cached on disk, instantiated cheaply from an
+//! [`InstancePre`](wasmtime::component::InstancePre), each in its own
+//! `Store` with memory, table, instance and time limits.
+
+mod host;
+mod instance;
+mod limiter;
+
+pub use host::GuestState;
+pub use limiter::MemoryLimitExceeded;
+pub use instance::{CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitError};
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+pub(crate) mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "store",
+        with: {
+            "txstore:store/storage.keyspace": super::host::KeyspaceRes,
+            "txstore:store/storage.cursor": super::host::CursorRes,
+        },
+        imports: { default: trappable },
+    });
+}
+
+/// The WIT package this host implements.
+pub const WIT_PACKAGE: &str = "txstore:store";
+/// Its version: guests must be built against exactly this one.
+pub const WIT_VERSION: &str = "0.1.0";
+/// How often the epoch advances; the unit of the per-call time budget.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Per-store sandbox limits.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Linear memory a guest may grow to, in MiB.
+    pub memory_mib: u64,
+    /// Wall time one guest call may take before it is interrupted, in ms.
+    pub call_timeout_ms: u64,
+    /// Tables a guest may create.
+    pub max_tables: u32,
+    /// Core instances a guest may create.
+    pub max_instances: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { memory_mib: 512, call_timeout_ms: 30_000, max_tables: 100, max_instances: 100 }
+    }
+}
+
+/// Where a guest comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuestSource {
+    /// One of the guests built into the binary (see `txstore inspect`).
+    Builtin(String),
+    /// A `.wasm` component file.
+    Path(PathBuf),
+}
+
+impl GuestSource {
+    /// A built-in name when it is one, else a path.
+    pub fn parse(s: &str) -> Self {
+        if txstore_artifacts::builtin(s).is_some() {
+            GuestSource::Builtin(s.to_string())
+        } else {
+            GuestSource::Path(PathBuf::from(s))
+        }
+    }
+}
+
+impl std::fmt::Display for GuestSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestSource::Builtin(n) => write!(f, "{n}"),
+            GuestSource::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// The wasmtime engine, the linker with the host's imports, and the cache.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    cache_dir: Option<PathBuf>,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How a component was loaded.
+#[derive(Clone, Debug)]
+pub struct LoadInfo {
+    /// True when the compiled code came from the on-disk cache.
+    pub cached: bool,
+    pub elapsed: Duration,
+    /// SHA-256 of the component bytes.
+    pub hash: String,
+}
+
+/// A compiled, linked guest ready to instantiate.
+pub struct GuestComponent {
+    pub label: String,
+    pre: bindings::StorePre<GuestState>,
+    engine: Engine,
+    pub load: LoadInfo,
+    /// The world's exports and imports, for `inspect`.
+    pub exports: Vec<String>,
+    pub imports: Vec<String>,
+}
+
+impl Runtime {
+    /// An engine configured for the lowest per-call cost that keeps the
+    /// sandbox: epoch interruption (cheap) rather than fuel, no async
+    /// component support (it costs about 3x per call).
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        config.max_wasm_stack(1 << 20);
+        let engine = Engine::new(&config).context("creating the wasmtime engine")?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let (weak, stop) = (engine.weak(), ticker_stop.clone());
+        std::thread::Builder::new().name("txstore-epoch".into()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })?;
+        Ok(Self { engine, linker, cache_dir, ticker_stop })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Loads a guest by source.
+    pub fn load(&self, source: &GuestSource) -> Result<GuestComponent> {
+        match source {
+            GuestSource::Builtin(name) => {
+                let bytes = txstore_artifacts::builtin(name).with_context(|| {
+                    let names: Vec<_> = txstore_artifacts::names().collect();
+                    format!("no built-in guest named `{name}` (built-in: {})", names.join(", "))
+                })?;
+                self.load_bytes(name, bytes)
+            }
+            GuestSource::Path(path) => {
+                let bytes = std::fs::read(path).with_context(|| format!("cannot read guest {}", path.display()))?;
+                self.load_bytes(&path.display().to_string(), &bytes)
+            }
+        }
+    }
+
+    /// Compiles (or fetches from the cache), checks the world and links.
+    pub fn load_bytes(&self, label: &str, bytes: &[u8]) -> Result<GuestComponent> {
+        let started = Instant::now();
+        check_is_component(label, bytes)?;
+        let hash = hex(&Sha256::digest(bytes));
+        let (component, cached) = self.compile_cached(label, bytes, &hash)?;
+        let (exports, imports) = check_world(label, &self.engine, &component)?;
+        let pre = self.linker.instantiate_pre(&component).with_context(|| format!("guest {label} cannot be linked"))?;
+        let pre = bindings::StorePre::new(pre).with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
+        let load = LoadInfo { cached, elapsed: started.elapsed(), hash };
+        Ok(GuestComponent { label: label.to_string(), pre, engine: self.engine.clone(), load, exports, imports })
+    }
+
+    fn cache_path(&self, hash: &str) -> Option<PathBuf> {
+        use std::hash::{Hash, Hasher};
+        let dir = self.cache_dir.as_ref()?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        Some(dir.join(format!("{hash}-{:016x}.cwasm", h.finish())))
+    }
+
+    fn compile_cached(&self, label: &str, bytes: &[u8], hash: &str) -> Result<(Component, bool)> {
+        let path = self.cache_path(hash);
+        if let Some(path) = path.as_ref().filter(|p| p.exists()) {
+            // SAFETY: the file was written by `Component::serialize` of an
+            // engine with the same compatibility hash (it is in the name);
+            // wasmtime checks the header and version again and refuses
+            // anything else, and a refused file is recompiled below.
+            match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(c) => return Ok((c, true)),
+                Err(e) => tracing::warn!("cached compilation {} is unusable ({e:#}); recompiling", path.display()),
+            }
+        }
+        let component = Component::new(&self.engine, bytes).with_context(|| format!("guest {label} failed to compile"))?;
+        if let Some(path) = path {
+            if let Err(e) = write_cache(&path, &component.serialize()?) {
+                tracing::warn!("cannot cache compiled guest at {}: {e:#}", path.display());
+            }
+        }
+        Ok((component, false))
+    }
+}
+
+fn write_cache(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap();
+    std::fs::create_dir_all(dir)?;
+    // Write aside and rename, so a reader never sees half a file.
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.persist(path)?;
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Refuses core modules and other files before wasmtime gives a less
+/// direct error.
+fn check_is_component(label: &str, bytes: &[u8]) -> Result<()> {
+    if bytes.len() < 8 || &bytes[0..4] != b"\0asm" {
+        bail!("guest {label} is not a WebAssembly file (no `\\0asm` header)");
+    }
+    // Bytes 4..8: version and layer; layer 1 is a component.
+    if bytes[6..8] != [1, 0] {
+        bail!(
+            "guest {label} is a core WebAssembly module, not a component: build it for wasm32-wasip2 \
+             (or wrap it with `wasm-tools component new`)"
+        );
+    }
+    Ok(())
+}
+
+/// Checks that the component exports our `state-store` at our version and
+/// imports nothing but our `storage` and WASI. Returns (exports, imports).
+fn check_world(label: &str, engine: &Engine, component: &Component) -> Result<(Vec<String>, Vec<String>)> {
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+    let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
+    let ours = |name: &str| -> Option<(String, String)> {
+        let rest = name.strip_prefix(&format!("{WIT_PACKAGE}/"))?;
+        let (iface, version) = rest.split_once('@')?;
+        Some((iface.to_string(), version.to_string()))
+    };
+    let want = format!("{WIT_PACKAGE}@{WIT_VERSION}");
+    for name in exports.iter().chain(&imports) {
+        if let Some((_, version)) = ours(name) {
+            if version != WIT_VERSION {
+                bail!("guest {label} was built against {WIT_PACKAGE}@{version}, but this host provides {want}");
+            }
+        }
+    }
+    if !exports.iter().any(|n| ours(n).is_some_and(|(i, _)| i == "state-store")) {
+        bail!(
+            "guest {label} does not export {WIT_PACKAGE}/state-store@{WIT_VERSION} (it exports: {}); \
+             build it against the `store` world of wit/",
+            if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+        );
+    }
+    for name in &imports {
+        if ours(name).is_none() && !name.starts_with("wasi:") {
+            bail!("guest {label} imports `{name}`, which txstore does not provide (only {want} storage and WASI preview 2)");
+        }
+    }
+    Ok((exports, imports))
+}
+
+impl GuestComponent {
+    /// A fresh instance over `storage`, named `store_name` in logs.
+    pub fn instantiate(
+        &self,
+        storage: Box<dyn crate::storage::StoreStorage>,
+        store_name: &str,
+        limits: &Limits,
+    ) -> Result<StoreInstance> {
+        StoreInstance::new(self, storage, store_name, limits)
+    }
+}

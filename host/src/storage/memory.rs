@@ -1,0 +1,211 @@
+//! In-memory backend for fast tests: ordered maps behind `Arc`s, so a
+//! cursor keeps the view it was opened on while later writes copy on write.
+//! Nothing survives the process; "durable" means "kept until drop".
+
+use super::{check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result, StorageError, StoreStorage};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+#[derive(Default)]
+struct StoreData {
+    keyspaces: BTreeMap<String, Arc<Map>>,
+    snapshots: BTreeMap<String, BTreeMap<String, Arc<Map>>>,
+}
+
+/// Stores kept in memory; reopening a store in the same backend sees its data.
+#[derive(Default)]
+pub struct MemoryBackend {
+    stores: Mutex<HashMap<String, Arc<Mutex<StoreData>>>>,
+}
+
+impl MemoryBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn open_store(&self, store: &str) -> Result<Box<dyn StoreStorage>> {
+        check_name(NameKind::Store, store)?;
+        let data = self.stores.lock().unwrap().entry(store.to_string()).or_default().clone();
+        Ok(Box::new(MemoryStore { data, names: Vec::new() }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+struct MemoryStore {
+    data: Arc<Mutex<StoreData>>,
+    /// Keyspace names by `KeyspaceId`.
+    names: Vec<String>,
+}
+
+impl MemoryStore {
+    fn name(&self, ks: KeyspaceId) -> &str {
+        &self.names[ks.0 as usize]
+    }
+
+    fn map(&self, ks: KeyspaceId) -> Arc<Map> {
+        self.data.lock().unwrap().keyspaces.get(self.name(ks)).cloned().unwrap_or_default()
+    }
+
+    fn edit<R>(&self, ks: KeyspaceId, f: impl FnOnce(&mut Map) -> R) -> R {
+        let mut data = self.data.lock().unwrap();
+        let map = data.keyspaces.entry(self.name(ks).to_string()).or_default();
+        f(Arc::make_mut(map))
+    }
+}
+
+fn apply(map: &mut Map, op: Op) {
+    match op {
+        Op::Put(k, v) => {
+            map.insert(k, v);
+        }
+        Op::Delete(k) => {
+            map.remove(&k);
+        }
+        Op::DeleteRange(s, e) => {
+            let doomed: Vec<_> = map.range(s..e).map(|(k, _)| k.clone()).collect();
+            for k in doomed {
+                map.remove(&k);
+            }
+        }
+        Op::Clear => map.clear(),
+    }
+}
+
+impl StoreStorage for MemoryStore {
+    fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
+        check_name(NameKind::Keyspace, name)?;
+        self.data.lock().unwrap().keyspaces.entry(name.to_string()).or_default();
+        let id = match self.names.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name.to_string());
+                self.names.len() - 1
+            }
+        };
+        Ok(KeyspaceId(id as u32))
+    }
+
+    fn keyspaces(&self) -> Result<Vec<String>> {
+        Ok(self.data.lock().unwrap().keyspaces.keys().cloned().collect())
+    }
+
+    fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let data = self.data.lock().unwrap();
+        Ok(data.keyspaces.get(self.name(ks)).and_then(|m| m.get(key).cloned()))
+    }
+
+    fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
+        self.edit(ks, |m| m.insert(key.to_vec(), value.to_vec()));
+        Ok(())
+    }
+
+    fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()> {
+        self.edit(ks, |m| m.remove(key));
+        Ok(())
+    }
+
+    fn scan(&self, ks: KeyspaceId, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Box<dyn Cursor>> {
+        if let (Some(s), Some(e)) = (start, end) {
+            check_range(s, e)?;
+        }
+        Ok(Box::new(MemoryCursor {
+            map: self.map(ks),
+            next: start.map_or(Bound::Unbounded, |s| Bound::Included(s.to_vec())),
+            end: end.map(<[u8]>::to_vec),
+        }))
+    }
+
+    fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
+        check_range(start, end)?;
+        self.edit(ks, |m| apply(m, Op::DeleteRange(start.to_vec(), end.to_vec())));
+        Ok(())
+    }
+
+    fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
+        self.edit(ks, Map::clear);
+        Ok(())
+    }
+
+    fn is_empty(&self, ks: KeyspaceId) -> Result<bool> {
+        Ok(self.map(ks).is_empty())
+    }
+
+    fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, _sync: bool) -> Result<()> {
+        for (_, ops) in &batch {
+            for op in ops {
+                if let Op::DeleteRange(s, e) = op {
+                    check_range(s, e)?;
+                }
+            }
+        }
+        for (ks, ops) in batch {
+            self.edit(ks, |m| ops.into_iter().for_each(|op| apply(m, op)));
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn create_snapshot(&mut self, name: &str) -> Result<()> {
+        check_name(NameKind::Snapshot, name)?;
+        let mut data = self.data.lock().unwrap();
+        let image = data.keyspaces.clone();
+        data.snapshots.insert(name.to_string(), image);
+        Ok(())
+    }
+
+    fn restore_snapshot(&mut self, name: &str) -> Result<()> {
+        check_name(NameKind::Snapshot, name)?;
+        let mut data = self.data.lock().unwrap();
+        let image = data.snapshots.get(name).cloned().ok_or_else(|| StorageError::NoSuchSnapshot(name.into()))?;
+        for (ks, map) in data.keyspaces.iter_mut() {
+            *map = image.get(ks).cloned().unwrap_or_default();
+        }
+        for (ks, map) in image {
+            data.keyspaces.entry(ks).or_insert(map);
+        }
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, name: &str) -> Result<()> {
+        check_name(NameKind::Snapshot, name)?;
+        self.data.lock().unwrap().snapshots.remove(name);
+        Ok(())
+    }
+
+    fn list_snapshots(&self) -> Result<Vec<String>> {
+        Ok(self.data.lock().unwrap().snapshots.keys().cloned().collect())
+    }
+}
+
+struct MemoryCursor {
+    map: Arc<Map>,
+    next: Bound<Vec<u8>>,
+    end: Option<Vec<u8>>,
+}
+
+impl Cursor for MemoryCursor {
+    fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
+        let end = self.end.as_ref().map_or(Bound::Unbounded, |e| Bound::Excluded(e.clone()));
+        let out: Vec<Entry> = self
+            .map
+            .range::<Vec<u8>, _>((self.next.clone(), end))
+            .take(max.min(super::MAX_CURSOR_BATCH))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some((k, _)) = out.last() {
+            self.next = Bound::Excluded(k.clone());
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,343 @@
+//! RocksDB backend: one database per state directory, one column family per
+//! keyspace named `{store}:{keyspace}` (`:` is refused in names, so no store
+//! can spell another's column family).
+//!
+//! Durability: like Kafka Streams, writes skip the WAL, so an abrupt end
+//! loses every write still in a memtable, as a machine crash would lose
+//! unsynced data. `atomic_flush` makes every flush (ours in `sync`/`write`
+//! and RocksDB's own when a memtable fills) cut all column families at one
+//! sequence number, which gives the prefix guarantee stated in `mod.rs`.
+
+use super::{check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result, StorageError, StoreStorage};
+use rocksdb::{checkpoint::Checkpoint, BoundColumnFamily, FlushOptions, Options, ReadOptions, WriteBatch, WriteOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
+type RawIter = rocksdb::DBRawIteratorWithThreadMode<'static, Db>;
+
+/// How many bytes a snapshot restore copies per batch.
+const RESTORE_BATCH_BYTES: usize = 4 << 20;
+
+/// A RocksDB database in a state directory, shared by the stores in it.
+pub struct RocksBackend {
+    db: Arc<Db>,
+    dir: PathBuf,
+}
+
+fn db_options() -> Options {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    opts.set_atomic_flush(true);
+    opts
+}
+
+fn no_wal() -> WriteOptions {
+    let mut w = WriteOptions::default();
+    w.disable_wal(true);
+    w
+}
+
+impl RocksBackend {
+    /// Opens (creating) the database under `dir/db`. A second process on
+    /// the same directory is refused by RocksDB's lock file.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StorageError::Io(format!("cannot create state directory {}: {e}", dir.display())))?;
+        let path = dir.join("db");
+        let opts = db_options();
+        let cfs = if path.join("CURRENT").exists() { Db::list_cf(&opts, &path)? } else { vec!["default".into()] };
+        let db = Db::open_cf(&opts, &path, &cfs).map_err(|e| {
+            let msg = e.into_string();
+            if msg.contains("lock") || msg.contains("LOCK") {
+                StorageError::Io(format!("state directory {} is in use by another process ({msg})", dir.display()))
+            } else {
+                StorageError::Io(format!("cannot open RocksDB in {}: {msg}", path.display()))
+            }
+        })?;
+        Ok(Self { db: Arc::new(db), dir: dir.to_path_buf() })
+    }
+}
+
+impl Backend for RocksBackend {
+    fn open_store(&self, store: &str) -> Result<Box<dyn StoreStorage>> {
+        check_name(NameKind::Store, store)?;
+        let snapshots = self.dir.join("snapshots").join(store);
+        Ok(Box::new(RocksStore { db: self.db.clone(), prefix: format!("{store}:"), cfs: Vec::new(), snapshots }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "rocksdb"
+    }
+}
+
+struct RocksStore {
+    db: Arc<Db>,
+    /// `{store}:`, the start of every column family name of this store.
+    prefix: String,
+    /// Column family names by `KeyspaceId`.
+    cfs: Vec<String>,
+    snapshots: PathBuf,
+}
+
+impl RocksStore {
+    fn cf(&self, ks: KeyspaceId) -> Arc<BoundColumnFamily<'_>> {
+        let name = &self.cfs[ks.0 as usize];
+        self.db.cf_handle(name).expect("an opened keyspace's column family exists")
+    }
+
+    /// Every column family of the database (flushes must cut them all).
+    fn flush_all(&self) -> Result<()> {
+        let names = Db::list_cf(&db_options(), self.db.path())?;
+        let handles: Vec<_> = names.iter().filter_map(|n| self.db.cf_handle(n)).collect();
+        let mut fo = FlushOptions::default();
+        fo.set_wait(true);
+        self.db.flush_cfs_opt(&handles.iter().collect::<Vec<_>>(), &fo)?;
+        Ok(())
+    }
+
+    /// Removes every key of `cf` without knowing the key space: one range
+    /// deletion from the empty key to just past the last key.
+    fn clear_cf(&self, batch: &mut WriteBatch, cf: &Arc<BoundColumnFamily<'_>>) {
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_to_last();
+        if let Some(last) = it.key() {
+            let mut end = last.to_vec();
+            end.push(0);
+            batch.delete_range_cf(cf, Vec::new(), end);
+        }
+    }
+
+    fn ensure_cf(&self, full: &str) -> Result<()> {
+        if self.db.cf_handle(full).is_none() {
+            self.db.create_cf(full, &Options::default())?;
+        }
+        Ok(())
+    }
+
+    /// Finishes a snapshot replacement a crash interrupted (see `create_snapshot`).
+    fn settle_snapshots(&self) -> Result<()> {
+        let Ok(entries) = std::fs::read_dir(&self.snapshots) else { return Ok(()) };
+        for entry in entries {
+            let path = entry?.path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if let Some(base) = name.strip_suffix(".new") {
+                let done = self.snapshots.join(base);
+                if done.exists() {
+                    std::fs::remove_dir_all(&done)?;
+                }
+                std::fs::rename(&path, &done)?;
+                sync_dir(&self.snapshots)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn add_op(batch: &mut WriteBatch, store: &RocksStore, cf: &Arc<BoundColumnFamily<'_>>, op: Op) {
+    match op {
+        Op::Put(k, v) => batch.put_cf(cf, k, v),
+        Op::Delete(k) => batch.delete_cf(cf, k),
+        Op::DeleteRange(s, e) => batch.delete_range_cf(cf, s, e),
+        Op::Clear => store.clear_cf(batch, cf),
+    }
+}
+
+impl StoreStorage for RocksStore {
+    fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
+        check_name(NameKind::Keyspace, name)?;
+        let full = format!("{}{name}", self.prefix);
+        self.ensure_cf(&full)?;
+        let id = match self.cfs.iter().position(|n| *n == full) {
+            Some(i) => i,
+            None => {
+                self.cfs.push(full);
+                self.cfs.len() - 1
+            }
+        };
+        Ok(KeyspaceId(id as u32))
+    }
+
+    fn keyspaces(&self) -> Result<Vec<String>> {
+        let names = Db::list_cf(&db_options(), self.db.path())?;
+        Ok(names.iter().filter_map(|n| n.strip_prefix(&self.prefix)).map(str::to_string).collect())
+    }
+
+    fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.get_cf(&self.cf(ks), key)?)
+    }
+
+    fn get_many(&self, ks: KeyspaceId, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        let cf = self.cf(ks);
+        self.db
+            .batched_multi_get_cf(&cf, keys, false)
+            .into_iter()
+            .map(|r| r.map(|v| v.map(|p| p.to_vec())).map_err(StorageError::from))
+            .collect()
+    }
+
+    fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.db.put_cf_opt(&self.cf(ks), key, value, &no_wal())?)
+    }
+
+    fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()> {
+        Ok(self.db.delete_cf_opt(&self.cf(ks), key, &no_wal())?)
+    }
+
+    fn scan(&self, ks: KeyspaceId, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Box<dyn Cursor>> {
+        if let (Some(s), Some(e)) = (start, end) {
+            check_range(s, e)?;
+        }
+        let mut ro = ReadOptions::default();
+        if let Some(e) = end {
+            ro.set_iterate_upper_bound(e.to_vec());
+        }
+        let mut iter = self.db.raw_iterator_cf_opt(&self.cf(ks), ro);
+        match start {
+            Some(s) => iter.seek(s),
+            None => iter.seek_to_first(),
+        }
+        // SAFETY: the iterator borrows the database, which `RocksCursor`
+        // keeps alive through `_db`; fields drop in order, iterator first.
+        let iter: RawIter = unsafe { std::mem::transmute(iter) };
+        Ok(Box::new(RocksCursor { iter, _db: self.db.clone() }))
+    }
+
+    fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
+        check_range(start, end)?;
+        Ok(self.db.delete_range_cf_opt(&self.cf(ks), start, end, &no_wal())?)
+    }
+
+    fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        self.clear_cf(&mut batch, &self.cf(ks));
+        Ok(self.db.write_opt(batch, &no_wal())?)
+    }
+
+    fn is_empty(&self, ks: KeyspaceId) -> Result<bool> {
+        let mut it = self.db.raw_iterator_cf(&self.cf(ks));
+        it.seek_to_first();
+        it.status()?;
+        Ok(!it.valid())
+    }
+
+    fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
+        let mut wb = WriteBatch::default();
+        for (ks, ops) in batch {
+            let cf = self.cf(ks);
+            for op in ops {
+                if let Op::DeleteRange(s, e) = &op {
+                    check_range(s, e)?;
+                }
+                add_op(&mut wb, self, &cf, op);
+            }
+        }
+        self.db.write_opt(wb, &no_wal())?;
+        if sync {
+            self.flush_all()?;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.flush_all()
+    }
+
+    fn create_snapshot(&mut self, name: &str) -> Result<()> {
+        check_name(NameKind::Snapshot, name)?;
+        std::fs::create_dir_all(&self.snapshots)?;
+        let staged = self.snapshots.join(format!("{name}.new"));
+        if staged.exists() {
+            std::fs::remove_dir_all(&staged)?;
+        }
+        // RocksDB builds the checkpoint under a temporary name and renames
+        // it when complete, so `{name}.new` existing means it is whole; the
+        // swap below is finished by `settle_snapshots` after a crash.
+        Checkpoint::new(&*self.db)?.create_checkpoint(&staged)?;
+        self.settle_snapshots()
+    }
+
+    fn restore_snapshot(&mut self, name: &str) -> Result<()> {
+        check_name(NameKind::Snapshot, name)?;
+        self.settle_snapshots()?;
+        let path = self.snapshots.join(name);
+        if !path.exists() {
+            return Err(StorageError::NoSuchSnapshot(name.into()));
+        }
+        let snap_cfs = Db::list_cf(&Options::default(), &path)?;
+        let snap = Db::open_cf_for_read_only(&Options::default(), &path, &snap_cfs, false)?;
+        let mut ours: Vec<String> = Db::list_cf(&db_options(), self.db.path())?;
+        ours.extend(snap_cfs.iter().cloned());
+        ours.sort();
+        ours.dedup();
+        ours.retain(|n| n.starts_with(&self.prefix));
+        for full in &ours {
+            self.ensure_cf(full)?;
+            let cf = self.db.cf_handle(full).unwrap();
+            let mut batch = WriteBatch::default();
+            self.clear_cf(&mut batch, &cf);
+            if let Some(scf) = snap.cf_handle(full) {
+                let mut it = snap.raw_iterator_cf(&scf);
+                it.seek_to_first();
+                while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                    batch.put_cf(&cf, k, v);
+                    if batch.size_in_bytes() >= RESTORE_BATCH_BYTES {
+                        self.db.write_opt(std::mem::take(&mut batch), &no_wal())?;
+                    }
+                    it.next();
+                }
+                it.status()?;
+            }
+            self.db.write_opt(batch, &no_wal())?;
+        }
+        self.flush_all()
+    }
+
+    fn drop_snapshot(&mut self, name: &str) -> Result<()> {
+        check_name(NameKind::Snapshot, name)?;
+        self.settle_snapshots()?;
+        let path = self.snapshots.join(name);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+            sync_dir(&self.snapshots)?;
+        }
+        Ok(())
+    }
+
+    fn list_snapshots(&self) -> Result<Vec<String>> {
+        self.settle_snapshots()?;
+        let Ok(entries) = std::fs::read_dir(&self.snapshots) else { return Ok(Vec::new()) };
+        let mut names = Vec::new();
+        for entry in entries {
+            names.push(entry?.file_name().to_string_lossy().to_string());
+        }
+        names.sort();
+        Ok(names)
+    }
+}
+
+struct RocksCursor {
+    iter: RawIter,
+    _db: Arc<Db>,
+}
+
+impl Cursor for RocksCursor {
+    fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        while out.len() < max.min(super::MAX_CURSOR_BATCH) {
+            match (self.iter.key(), self.iter.value()) {
+                (Some(k), Some(v)) => out.push((k.to_vec(), v.to_vec())),
+                _ => break,
+            }
+            self.iter.next();
+        }
+        self.iter.status()?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,387 @@
+//! The task driver: the exactly-once commit protocol around a guest.
+//!
+//! Processing: input record -> store writes + changelog appends. Commit:
+//! changelog commit (offset o, input position) -> `store.commit(o)` ->
+//! checkpoint (after every commit under at-least-once, at clean close only
+//! under exactly-once). Start-up: read the checkpoint (and remove it under
+//! exactly-once) -> `store.recover(checkpoint)` -> replay the committed
+//! changelog after the returned offset -> resume the input at the committed
+//! input position.
+
+pub mod processor;
+
+use crate::changelog::embedded::Damage;
+use crate::changelog::{Changelog, EmbeddedLog, Record, Replayed};
+use crate::checkpoint::Checkpoint;
+use crate::config::{BackendKind, Config, Guarantee};
+use crate::crash;
+use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstance};
+use crate::storage::{Backend, MemoryBackend, RocksBackend};
+use anyhow::{bail, Context, Result};
+use processor::Processor;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records replayed per guest call during restore.
+const REPLAY_BATCH: usize = 1024;
+
+/// What start-up recovery found and did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RecoveryReport {
+    pub guest: String,
+    pub transactional: bool,
+    pub guarantee: Guarantee,
+    /// The checkpoint file's offset, if one was found.
+    pub checkpoint: Option<u64>,
+    /// The offset the guest's `recover` returned.
+    pub recovered_offset: Option<u64>,
+    /// What the guest did: clean, discarded, rolled-forward, rolled-back, wiped.
+    pub action: String,
+    /// The changelog's committed end.
+    pub changelog_end: u64,
+    /// Bytes cut from the changelog's tail at open.
+    pub changelog_truncated_bytes: u64,
+    pub replayed_records: u64,
+    pub replayed_transactions: u64,
+    /// Where input processing resumes.
+    pub input_position: u64,
+    pub elapsed: Duration,
+}
+
+/// Counters of a run.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TaskStats {
+    pub records: u64,
+    pub writes: u64,
+    pub commits: u64,
+    pub early_commits: u64,
+    pub input_bytes: u64,
+}
+
+/// A store with its guest, changelog and checkpoint, driven by the protocol.
+pub struct Task {
+    config: Config,
+    instance: StoreInstance,
+    changelog: Box<dyn Changelog>,
+    checkpoint: Checkpoint,
+    processor: Box<dyn Processor>,
+    /// Input position after the last processed record.
+    input_position: u64,
+    /// Records and time since the last commit.
+    pending_records: u64,
+    pending_writes: u64,
+    last_commit: Instant,
+    pub stats: TaskStats,
+    // Keeps the storage (and its lock) alive as long as the task.
+    _backend: Arc<dyn Backend>,
+}
+
+fn action_name(a: RecoveryAction) -> &'static str {
+    match a {
+        RecoveryAction::Clean => "clean",
+        RecoveryAction::Discarded => "discarded",
+        RecoveryAction::RolledForward => "rolled-forward",
+        RecoveryAction::RolledBack => "rolled-back",
+        RecoveryAction::Wiped => "wiped",
+    }
+}
+
+/// Opens the storage backend a config names.
+pub fn open_backend(config: &Config) -> Result<Arc<dyn Backend>> {
+    Ok(match config.store.backend {
+        BackendKind::Rocksdb => Arc::new(RocksBackend::open(&config.state_dir().join("store"))?),
+        BackendKind::Memory => Arc::new(MemoryBackend::new()),
+    })
+}
+
+impl Task {
+    /// Opens the store and brings it to the changelog's committed state.
+    pub fn open(config: &Config, runtime: &Runtime) -> Result<(Self, RecoveryReport)> {
+        let started = Instant::now();
+        let state_dir = config.state_dir();
+        std::fs::create_dir_all(&state_dir)
+            .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
+        let backend = open_backend(config)?;
+        let guest = runtime.load(&config.guest())?;
+        let storage = backend.open_store(&config.store.name)?;
+        let mut instance = guest.instantiate(storage, &config.store.name, &config.limits)?;
+        instance.init(&config.init_options())?;
+        let transactional = instance.transactional()?;
+        let changelog = EmbeddedLog::open(&config.changelog_dir(), config.changelog.segment_bytes)?;
+        let truncated = changelog.report.truncated_bytes;
+        let damage = changelog.report.damage.clone();
+        let checkpoint = Checkpoint::new(&state_dir);
+        let checkpointed = checkpoint.read()?;
+        if config.task.guarantee == Guarantee::ExactlyOnce {
+            // From here on, a crash leaves no checkpoint: the next start-up
+            // knows the stop was unclean.
+            checkpoint.remove()?;
+        }
+        let mut task = Task {
+            processor: processor::new(config.task.processor),
+            config: config.clone(),
+            instance,
+            changelog: Box::new(changelog),
+            checkpoint,
+            input_position: 0,
+            pending_records: 0,
+            pending_writes: 0,
+            last_commit: Instant::now(),
+            stats: TaskStats::default(),
+            _backend: backend,
+        };
+        if !transactional && checkpointed.is_none() {
+            // Its recovery will wipe the store: make sure the replay that
+            // must follow can read the whole changelog before anything changes.
+            check_damage(&damage, 0)?;
+        }
+        let recovery = task.instance.recover(checkpointed)?;
+        let end = task.changelog.end_offset();
+        let label = task.instance.label().to_string();
+        if let Some(k) = recovery.offset {
+            if k > end {
+                bail!(
+                    "guest {label} recovered to offset {k} but the changelog ends at {end}: the changelog in {} was \
+                     truncated or belongs to another store",
+                    config.changelog_dir().display()
+                );
+            }
+        }
+        if transactional {
+            if recovery.action == RecoveryAction::Wiped {
+                bail!("guest {label} says it is transactional but wiped its store in recover");
+            }
+            if recovery.offset < checkpointed {
+                bail!(
+                    "guest {label} says it is transactional but recovered to offset {:?}, below the checkpoint {:?}",
+                    recovery.offset,
+                    checkpointed
+                );
+            }
+        }
+        check_damage(&damage, recovery.offset.unwrap_or(0))?;
+        let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
+        task.input_position = task.changelog.last_commit().map_or(0, |c| c.input_position);
+        let report = RecoveryReport {
+            guest: label,
+            transactional,
+            guarantee: config.task.guarantee,
+            checkpoint: checkpointed,
+            recovered_offset: recovery.offset,
+            action: action_name(recovery.action).to_string(),
+            changelog_end: end,
+            changelog_truncated_bytes: truncated,
+            replayed_records,
+            replayed_transactions,
+            input_position: task.input_position,
+            elapsed: started.elapsed(),
+        };
+        tracing::info!(?report, "recovered");
+        task.last_commit = Instant::now();
+        Ok((task, report))
+    }
+
+    /// Replays committed transactions after `from` into the store, then
+    /// commits the store at the changelog's end. Returns (records, txns).
+    fn replay(&mut self, from: Option<u64>) -> Result<(u64, u64)> {
+        let end = self.changelog.end_offset();
+        let start = from.unwrap_or(0);
+        if start >= end && from.is_some() {
+            return Ok((0, 0));
+        }
+        let mut batch: Vec<Record> = Vec::new();
+        let (mut records, mut txns) = (0u64, 0u64);
+        // The last transaction end fully applied: where an early commit may
+        // claim the store stands (replay is idempotent, so a later partial
+        // transaction applied on top is replayed again after a crash).
+        let mut boundary = start;
+        let instance = &mut self.instance;
+        let mut flushes = 0u64;
+        let mut flush = |batch: &mut Vec<Record>, boundary: u64| -> Result<()> {
+            apply_with_early_commit(instance, batch, || boundary)?;
+            batch.clear();
+            flushes += 1;
+            if flushes == 1 {
+                crash::step("during-restore");
+            }
+            Ok(())
+        };
+        self.changelog.read_committed(start, &mut |item| {
+            match item {
+                Replayed::Record(r) => {
+                    records += 1;
+                    batch.push(r);
+                    if batch.len() >= REPLAY_BATCH {
+                        flush(&mut batch, boundary)?;
+                    }
+                }
+                Replayed::Commit(o) => {
+                    txns += 1;
+                    boundary = o;
+                }
+            }
+            Ok(())
+        })?;
+        if !batch.is_empty() {
+            flush(&mut batch, boundary)?;
+        }
+        if end > 0 {
+            self.instance.commit(end)?;
+        }
+        Ok((records, txns))
+    }
+
+    /// The live guest instance (queries, tests).
+    pub fn store(&mut self) -> &mut StoreInstance {
+        &mut self.instance
+    }
+
+    /// Where input processing resumes (bytes into the input file).
+    pub fn input_position(&self) -> u64 {
+        self.input_position
+    }
+
+    /// Processes one input record ending at input position `end_position`,
+    /// committing when the interval or the uncommitted limit says so.
+    pub fn process(&mut self, line: &[u8], end_position: u64) -> Result<()> {
+        let writes = self.processor.process(line, &mut self.instance)?;
+        self.write(&writes)?;
+        self.input_position = end_position;
+        self.stats.records += 1;
+        self.pending_records += 1;
+        crash::step("after-write");
+        self.maybe_commit()
+    }
+
+    /// Applies `writes` to the store and the changelog's open transaction.
+    pub fn write(&mut self, writes: &[Record]) -> Result<()> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        match apply(&mut self.instance, writes) {
+            Err(e) if e.is_uncommitted_limit() => {
+                // The guest holds as much as it may: commit what came before
+                // this record (a record boundary), then it must accept.
+                self.commit()?;
+                self.stats.early_commits += 1;
+                apply(&mut self.instance, writes)
+                    .context("the guest refused a write right after a commit (it must accept when empty)")?;
+            }
+            other => other?,
+        }
+        for w in writes {
+            self.changelog.append(w)?;
+        }
+        self.stats.writes += writes.len() as u64;
+        self.pending_writes += writes.len() as u64;
+        Ok(())
+    }
+
+    fn maybe_commit(&mut self) -> Result<()> {
+        let t = &self.config.task;
+        if self.pending_records >= t.commit_interval_records
+            || self.last_commit.elapsed() >= Duration::from_millis(t.commit_interval_ms)
+        {
+            return self.commit();
+        }
+        if self.instance.approximate_uncommitted_bytes()? > t.uncommitted_max_bytes {
+            self.stats.early_commits += 1;
+            return self.commit();
+        }
+        Ok(())
+    }
+
+    /// Runs the commit protocol for everything processed so far.
+    pub fn commit(&mut self) -> Result<()> {
+        let offset = self.changelog.commit(self.input_position)?;
+        crash::step("after-changelog-commit");
+        self.instance.commit(offset)?;
+        crash::step("after-store-commit");
+        if self.config.task.guarantee == Guarantee::AtLeastOnce {
+            self.checkpoint.write(offset)?;
+            crash::step("after-checkpoint");
+        }
+        self.stats.commits += 1;
+        self.pending_records = 0;
+        self.pending_writes = 0;
+        self.last_commit = Instant::now();
+        Ok(())
+    }
+
+    /// Commits what is pending and writes the checkpoint: a clean stop.
+    pub fn close(mut self) -> Result<TaskStats> {
+        if self.pending_records > 0 || self.pending_writes > 0 {
+            self.commit()?;
+        }
+        self.checkpoint.write(self.changelog.end_offset())?;
+        crash::step("after-checkpoint");
+        Ok(self.stats)
+    }
+
+    /// Reads `key` at `isolation`.
+    pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>> {
+        Ok(self.instance.get(key, isolation)?)
+    }
+}
+
+/// Fails, before any replay, if a replay from `from` would cross damage.
+fn check_damage(damage: &[Damage], from: u64) -> Result<()> {
+    for d in damage {
+        if d.cleared_at.is_none_or(|c| c > from) {
+            bail!(
+                "changelog segment {} is damaged at byte {} ({} bytes) and recovery needs to replay across it (from \
+                 offset {from}); nothing was changed or deleted: restore the segment from a copy, or remove the state \
+                 directory to start over",
+                d.segment.display(),
+                d.byte,
+                d.len
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Applies writes in runs of puts and deletes (one guest call per run).
+fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), CallError> {
+    let mut i = 0;
+    while i < writes.len() {
+        let put = matches!(writes[i], Record::Put(..));
+        let run = writes[i..].iter().take_while(|w| matches!(w, Record::Put(..)) == put).count();
+        let chunk = &writes[i..i + run];
+        if put {
+            let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
+                .iter()
+                .map(|w| match w {
+                    Record::Put(k, v) => (k.clone(), v.clone()),
+                    Record::Delete(_) => unreachable!(),
+                })
+                .collect();
+            instance.put_many(&entries)?;
+        } else {
+            let keys: Vec<Vec<u8>> = chunk.iter().map(|w| w.key().to_vec()).collect();
+            instance.delete_many(&keys)?;
+        }
+        i += run;
+    }
+    Ok(())
+}
+
+/// `apply` for replay: on the uncommitted limit, commit at the last
+/// transaction boundary and retry, until the batch is in.
+fn apply_with_early_commit(instance: &mut StoreInstance, batch: &[Record], boundary: impl Fn() -> u64) -> Result<()> {
+    let mut rest = batch;
+    while !rest.is_empty() {
+        // Apply one record at a time after a refusal, so progress is certain.
+        match apply(instance, rest) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_uncommitted_limit() => {
+                instance.commit(boundary())?;
+                let (first, tail) = rest.split_at(1);
+                apply(instance, first)?;
+                rest = tail;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

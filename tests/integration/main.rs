@@ -1,0 +1,7 @@
+//! Integration tests of the txstore host: one test binary (one link of
+//! RocksDB and wasmtime), modules by subject.
+
+mod cli;
+mod common;
+mod kv;
+mod protocol;
