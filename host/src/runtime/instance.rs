@@ -20,7 +20,7 @@ pub use export::{Isolation, Recovery, RecoveryAction};
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     /// The guest returned an error the contract defines.
-    #[error("guest {guest} returned an error from {func}: {err}")]
+    #[error("guest {guest} returned an error from {func}: {}", describe(.err))]
     Guest { guest: String, func: &'static str, err: WitError },
     /// The guest trapped, ran out of time or memory: the instance is dead.
     #[error("guest {guest} failed in {func}: {reason}")]
@@ -39,21 +39,18 @@ impl CallError {
     }
 }
 
-impl std::fmt::Display for WitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WitError::AccessDenied(m) => write!(f, "access denied: {m}"),
-            WitError::NoSuchSnapshot(n) => write!(f, "no such snapshot: {n}"),
-            WitError::UncommittedLimit(n) => write!(f, "uncommitted limit of {n} bytes reached"),
-            WitError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
-            WitError::Corrupt(m) => write!(f, "corrupt store: {m}"),
-            WitError::Storage(m) => write!(f, "storage failed: {m}"),
-            WitError::Other(m) => write!(f, "{m}"),
-        }
+/// One line for a WIT error (the generated `Display` prints the debug form).
+pub fn describe(err: &WitError) -> String {
+    match err {
+        WitError::AccessDenied(m) => format!("access denied: {m}"),
+        WitError::NoSuchSnapshot(n) => format!("no such snapshot: {n}"),
+        WitError::UncommittedLimit(n) => format!("uncommitted limit of {n} bytes reached"),
+        WitError::InvalidArgument(m) => format!("invalid argument: {m}"),
+        WitError::Corrupt(m) => format!("corrupt store: {m}"),
+        WitError::Storage(m) => format!("storage failed: {m}"),
+        WitError::Other(m) => m.clone(),
     }
 }
-
-impl std::error::Error for WitError {}
 
 /// A live guest instance bound to one store's storage.
 pub struct StoreInstance {
@@ -141,7 +138,7 @@ impl StoreInstance {
     }
 
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, CallError> {
-        self.call("get", Phase::Other, |g, s| g.call_get(s, key, isolation))
+        self.call("get", Phase::Other, |g, s| g.call_get(s, &key.to_vec(), isolation))
     }
 
     pub fn get_many(&mut self, keys: &[Vec<u8>], isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, CallError> {
@@ -156,7 +153,7 @@ impl StoreInstance {
         isolation: Isolation,
         limit: u32,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        let page = self.call("range", Phase::Other, |g, s| g.call_range(s, start, end, isolation, limit))?;
+        let page = self.call("range", Phase::Other, |g, s| g.call_range(s, start.map(<[u8]>::to_vec).as_ref(), end.map(<[u8]>::to_vec).as_ref(), isolation, limit))?;
         Ok(page.into_iter().map(|e| (e.key, e.value)).collect())
     }
 
@@ -186,11 +183,11 @@ impl StoreInstance {
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), CallError> {
-        self.call("put", Phase::Other, |g, s| g.call_put(s, key, value))
+        self.call("put", Phase::Other, |g, s| g.call_put(s, &key.to_vec(), &value.to_vec()))
     }
 
     pub fn delete(&mut self, key: &[u8]) -> Result<(), CallError> {
-        self.call("delete", Phase::Other, |g, s| g.call_delete(s, key))
+        self.call("delete", Phase::Other, |g, s| g.call_delete(s, &key.to_vec()))
     }
 
     pub fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CallError> {

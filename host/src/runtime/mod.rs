@@ -132,7 +132,7 @@ impl Runtime {
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.max_wasm_stack(1 << 20);
-        let engine = Engine::new(&config).context("creating the wasmtime engine")?;
+        let engine = Engine::new(&config).map_err(anyhow::Error::from).context("creating the wasmtime engine")?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
@@ -179,8 +179,8 @@ impl Runtime {
         let hash = hex(&Sha256::digest(bytes));
         let (component, cached) = self.compile_cached(label, bytes, &hash)?;
         let (exports, imports) = check_world(label, &self.engine, &component)?;
-        let pre = self.linker.instantiate_pre(&component).with_context(|| format!("guest {label} cannot be linked"))?;
-        let pre = bindings::StorePre::new(pre).with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
+        let pre = self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).with_context(|| format!("guest {label} cannot be linked"))?;
+        let pre = bindings::StorePre::new(pre).map_err(anyhow::Error::from).with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
         let load = LoadInfo { cached, elapsed: started.elapsed(), hash };
         Ok(GuestComponent { label: label.to_string(), pre, engine: self.engine.clone(), load, exports, imports })
     }
@@ -205,7 +205,7 @@ impl Runtime {
                 Err(e) => tracing::warn!("cached compilation {} is unusable ({e:#}); recompiling", path.display()),
             }
         }
-        let component = Component::new(&self.engine, bytes).with_context(|| format!("guest {label} failed to compile"))?;
+        let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).with_context(|| format!("guest {label} failed to compile"))?;
         if let Some(path) = path {
             if let Err(e) = write_cache(&path, &component.serialize()?) {
                 tracing::warn!("cannot cache compiled guest at {}: {e:#}", path.display());
