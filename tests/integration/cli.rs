@@ -1,6 +1,6 @@
 //! The command line: inspect, put/get/scan round trips, and bad input.
 
-use crate::common::{ok, stderr, txstore, write_config};
+use crate::common::{ok, stderr, txstore, txstore_env, write_config};
 
 #[test]
 fn inspect_builtin_prints_world_and_transactional() {
@@ -8,6 +8,17 @@ fn inspect_builtin_prints_world_and_transactional() {
     assert!(out.contains("world:          txstore:store/store@0.1.0"), "{out}");
     assert!(out.contains("transactional:  false"), "{out}");
     assert!(out.contains("txstore:store/state-store@0.1.0"), "{out}");
+}
+
+/// The first load compiles and writes the cache; the second must not compile.
+#[test]
+fn second_load_uses_the_compilation_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+    let first = ok(&txstore_env(&["inspect", "roll-back"], &env));
+    assert!(first.contains("(compiled)"), "{first}");
+    let second = ok(&txstore_env(&["inspect", "roll-back"], &env));
+    assert!(second.contains("(cached compilation)"), "{second}");
 }
 
 #[test]
