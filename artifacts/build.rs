@@ -12,8 +12,14 @@ fn main() {
     let root = manifest_dir.parent().unwrap();
     let guests = root.join("guests");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    println!("cargo:rerun-if-changed={}", guests.join("Cargo.toml").display());
-    println!("cargo:rerun-if-changed={}", guests.join("Cargo.lock").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        guests.join("Cargo.toml").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        guests.join("Cargo.lock").display()
+    );
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
 
     ensure_target();
@@ -25,23 +31,45 @@ fn main() {
     let target_dir = out_dir.join("guests-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--release", "--target", TARGET, "--workspace", "--manifest-path"])
-        .arg(guests.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target_dir)
-        // The outer build's flags are for the host, not for wasm.
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .env_remove("CARGO_PROFILE_RELEASE_DEBUG")
-        .env_remove("CARGO_PROFILE_RELEASE_INCREMENTAL");
-    let status = cmd.status().expect("could not run cargo to build the guests");
-    assert!(status.success(), "building the guests for {TARGET} failed (see the errors above)");
+    cmd.args([
+        "build",
+        "--release",
+        "--target",
+        TARGET,
+        "--workspace",
+        "--manifest-path",
+    ])
+    .arg(guests.join("Cargo.toml"))
+    .env("CARGO_TARGET_DIR", &target_dir)
+    // The outer build's flags are for the host, not for wasm.
+    .env_remove("CARGO_ENCODED_RUSTFLAGS")
+    .env_remove("RUSTFLAGS")
+    .env_remove("CARGO_BUILD_TARGET")
+    .env_remove("CARGO_PROFILE_RELEASE_DEBUG")
+    .env_remove("CARGO_PROFILE_RELEASE_INCREMENTAL");
+    let status = cmd
+        .status()
+        .expect("could not run cargo to build the guests");
+    assert!(
+        status.success(),
+        "building the guests for {TARGET} failed (see the errors above)"
+    );
 
     let mut code = String::from("/// The built-in guests: (name, component bytes).\npub const BUILTIN: &[(&str, &[u8])] = &[\n");
     for (name, _) in &crates {
-        let wasm = target_dir.join(TARGET).join("release").join(format!("{}.wasm", name.replace('-', "_")));
-        assert!(wasm.exists(), "guest {name} built but {} is missing", wasm.display());
-        code.push_str(&format!("    ({name:?}, include_bytes!({:?})),\n", wasm.display().to_string()));
+        let wasm = target_dir
+            .join(TARGET)
+            .join("release")
+            .join(format!("{}.wasm", name.replace('-', "_")));
+        assert!(
+            wasm.exists(),
+            "guest {name} built but {} is missing",
+            wasm.display()
+        );
+        code.push_str(&format!(
+            "    ({name:?}, include_bytes!({:?})),\n",
+            wasm.display().to_string()
+        ));
     }
     code.push_str("];\n");
     std::fs::write(out_dir.join("guests.rs"), code).unwrap();
@@ -51,12 +79,19 @@ fn main() {
 /// machines do not add it by themselves), or fails with a one-line fix.
 fn ensure_target() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let sysroot = Command::new(rustc).args(["--print", "sysroot"]).output().expect("rustc --print sysroot");
+    let sysroot = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc --print sysroot");
     let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim().to_string());
     if sysroot.join("lib/rustlib").join(TARGET).exists() {
         return;
     }
-    let added = Command::new("rustup").args(["target", "add", TARGET]).status().map(|s| s.success()).unwrap_or(false);
+    let added = Command::new("rustup")
+        .args(["target", "add", TARGET])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
     assert!(added, "the {TARGET} target is missing and `rustup target add {TARGET}` failed: install it, then rebuild");
 }
 
@@ -75,7 +110,11 @@ fn guest_crates(guests: &Path) -> Vec<(String, PathBuf)> {
         }
         let name = text
             .lines()
-            .find_map(|l| l.trim().strip_prefix("name = ").map(|v| v.trim_matches('"').to_string()))
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("name = ")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
             .unwrap_or_else(|| panic!("no package name in {}", manifest.display()));
         crates.push((name, dir));
     }

@@ -5,7 +5,10 @@ include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 
 /// The component bytes of the built-in guest `name`.
 pub fn builtin(name: &str) -> Option<&'static [u8]> {
-    BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, wasm)| *wasm)
+    BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, wasm)| *wasm)
 }
 
 /// The names of all built-in guests.

@@ -27,7 +27,9 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The checkpoint file of the state directory `dir`.
     pub fn new(dir: &Path) -> Self {
-        Self { path: dir.join("checkpoint") }
+        Self {
+            path: dir.join("checkpoint"),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -40,16 +42,22 @@ impl Checkpoint {
         let bytes = match std::fs::read(&self.path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("cannot read checkpoint {}", self.path.display())),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot read checkpoint {}", self.path.display()))
+            }
         };
-        decode(&bytes).map(Some).with_context(|| format!("checkpoint {}", self.path.display()))
+        decode(&bytes)
+            .map(Some)
+            .with_context(|| format!("checkpoint {}", self.path.display()))
     }
 
     /// Writes `offset` atomically and durably.
     pub fn write(&self, offset: u64) -> Result<()> {
         let dir = self.path.parent().unwrap();
         let tmp = dir.join("checkpoint.tmp");
-        let mut f = File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+        let mut f =
+            File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
         f.write_all(&encode(offset))?;
         f.sync_all()?;
         std::fs::rename(&tmp, &self.path)?;
@@ -65,7 +73,9 @@ impl Checkpoint {
                 Ok(())
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot remove checkpoint {}", self.path.display())),
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot remove checkpoint {}", self.path.display()))
+            }
         }
     }
 }
@@ -83,7 +93,10 @@ fn encode(offset: u64) -> [u8; LEN] {
 /// Decodes a checkpoint file's bytes.
 pub fn decode(b: &[u8]) -> Result<u64> {
     if b.len() != LEN || &b[0..4] != MAGIC {
-        bail!("is not a txstore checkpoint ({} bytes, expected {LEN} starting with TXCK)", b.len());
+        bail!(
+            "is not a txstore checkpoint ({} bytes, expected {LEN} starting with TXCK)",
+            b.len()
+        );
     }
     let version = u32::from_le_bytes(b[4..8].try_into().unwrap());
     let crc = u32::from_le_bytes(b[16..20].try_into().unwrap());
@@ -112,6 +125,9 @@ mod tests {
         newer[4..8].copy_from_slice(&2u32.to_le_bytes());
         let crc = crc32c::crc32c(&newer[0..16]);
         newer[16..20].copy_from_slice(&crc.to_le_bytes());
-        assert!(decode(&newer).unwrap_err().to_string().contains("version 2"));
+        assert!(decode(&newer)
+            .unwrap_err()
+            .to_string()
+            .contains("version 2"));
     }
 }

@@ -11,7 +11,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "txstore", version, about = "Transactional state stores for stream processing, as sandboxed wasm components")]
+#[command(
+    name = "txstore",
+    version,
+    about = "Transactional state stores for stream processing, as sandboxed wasm components"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -131,7 +135,11 @@ fn open(config_path: &PathBuf) -> Result<(Task, RecoveryReport)> {
 pub fn main(cli: Cli) -> Result<()> {
     crash::arm(cli.crash_at).map_err(anyhow::Error::msg)?;
     match cli.command {
-        Command::Run { config, input, json } => run(&config, input, json),
+        Command::Run {
+            config,
+            input,
+            json,
+        } => run(&config, input, json),
         Command::Recover { config, json } => {
             let (task, report) = open(&config)?;
             task.close()?;
@@ -145,7 +153,11 @@ pub fn main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Get { key, config, isolation } => {
+        Command::Get {
+            key,
+            config,
+            isolation,
+        } => {
             let (mut task, _) = open(&config)?;
             let value = task.get(key.as_bytes(), isolation.into())?;
             task.close()?;
@@ -155,9 +167,19 @@ pub fn main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Scan { config, from, to, isolation, format } => {
+        Command::Scan {
+            config,
+            from,
+            to,
+            isolation,
+            format,
+        } => {
             let (mut task, _) = open(&config)?;
-            let entries = task.store().range_all(from.as_deref().map(str::as_bytes), to.as_deref().map(str::as_bytes), isolation.into())?;
+            let entries = task.store().range_all(
+                from.as_deref().map(str::as_bytes),
+                to.as_deref().map(str::as_bytes),
+                isolation.into(),
+            )?;
             task.close()?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             match format {
@@ -178,7 +200,10 @@ pub fn main(cli: Cli) -> Result<()> {
         }
         Command::Put { key, value, config } => {
             let (mut task, _) = open(&config)?;
-            task.write(&[crate::changelog::Record::Put(key.into_bytes(), value.into_bytes())])?;
+            task.write(&[crate::changelog::Record::Put(
+                key.into_bytes(),
+                value.into_bytes(),
+            )])?;
             task.commit()?;
             task.close()?;
             Ok(())
@@ -196,7 +221,10 @@ pub fn main(cli: Cli) -> Result<()> {
 
 fn print_recovery(r: &RecoveryReport) {
     let off = |o: Option<u64>| o.map_or("none".to_string(), |o| o.to_string());
-    println!("guest:             {} (transactional: {})", r.guest, r.transactional);
+    println!(
+        "guest:             {} (transactional: {})",
+        r.guest, r.transactional
+    );
     println!("guarantee:         {}", r.guarantee);
     match r.checkpoint {
         Some(c) => println!("checkpoint:        found, offset {c}"),
@@ -209,9 +237,16 @@ fn print_recovery(r: &RecoveryReport) {
         "discarded" => "discarded uncommitted writes",
         _ => "nothing to undo",
     };
-    println!("recovered to:      offset {} ({}: {what})", off(r.recovered_offset), r.action);
+    println!(
+        "recovered to:      offset {} ({}: {what})",
+        off(r.recovered_offset),
+        r.action
+    );
     if r.changelog_truncated_bytes > 0 {
-        println!("changelog:         truncated {} bytes of an unfinished tail", r.changelog_truncated_bytes);
+        println!(
+            "changelog:         truncated {} bytes of an unfinished tail",
+            r.changelog_truncated_bytes
+        );
     }
     println!(
         "replayed:          {} records in {} transactions (changelog end {})",
@@ -223,19 +258,24 @@ fn print_recovery(r: &RecoveryReport) {
 
 fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
     let config = Config::load(config_path)?;
-    let input = input.or_else(|| config.input()).context("no input: pass --input FILE or set task.input in the config")?;
+    let input = input
+        .or_else(|| config.input())
+        .context("no input: pass --input FILE or set task.input in the config")?;
     let runtime = runtime_for(&config)?;
     let (mut task, report) = Task::open(&config, &runtime)?;
     if !json {
         eprintln!(
             "recovered: {} to offset {} ({}), replayed {} records",
             report.guest,
-            report.recovered_offset.map_or("none".into(), |o| o.to_string()),
+            report
+                .recovered_offset
+                .map_or("none".into(), |o| o.to_string()),
             report.action,
             report.replayed_records
         );
     }
-    let file = std::fs::File::open(&input).with_context(|| format!("cannot open input {}", input.display()))?;
+    let file = std::fs::File::open(&input)
+        .with_context(|| format!("cannot open input {}", input.display()))?;
     let total = file.metadata()?.len();
     let mut position = task.input_position();
     if position > total {
@@ -248,7 +288,10 @@ fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> 
     reader.seek(SeekFrom::Start(position))?;
     let bar = indicatif::ProgressBar::new(total).with_position(position);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap(),
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap(),
     );
     let started = Instant::now();
     let mut line = Vec::new();
@@ -267,16 +310,25 @@ fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> 
         }
     }
     bar.finish_and_clear();
+    let peak_memory = task.guest_peak_memory_bytes();
     let stats = task.close()?;
     let secs = started.elapsed().as_secs_f64();
     if json {
         let (commit_calls, recover_calls) = crash::call_counts();
         let calls = serde_json::json!({"commit": commit_calls, "recover": recover_calls});
-        println!("{}", serde_json::json!({"recovery": report, "stats": stats, "seconds": secs, "storage_calls": calls}));
+        println!(
+            "{}",
+            serde_json::json!({"recovery": report, "stats": stats, "seconds": secs, "storage_calls": calls, "guest_peak_memory_bytes": peak_memory})
+        );
     } else {
         println!(
             "processed {} records ({} bytes) in {:.2} s: {} writes, {} commits ({} early)",
-            stats.records, stats.input_bytes, secs, stats.writes, stats.commits, stats.early_commits
+            stats.records,
+            stats.input_bytes,
+            secs,
+            stats.writes,
+            stats.commits,
+            stats.early_commits
         );
     }
     Ok(())
@@ -291,7 +343,11 @@ fn inspect(guest: &str) -> Result<()> {
     let mut instance = component.instantiate(storage, "inspect", &runtime::Limits::default())?;
     let transactional = instance.transactional()?;
     println!("guest:          {source}");
-    println!("world:          {}/store@{}", runtime::WIT_PACKAGE, runtime::WIT_VERSION);
+    println!(
+        "world:          {}/store@{}",
+        runtime::WIT_PACKAGE,
+        runtime::WIT_VERSION
+    );
     println!("transactional:  {transactional}");
     println!("exports:        {}", component.exports.join(", "));
     println!("imports:        {}", component.imports.join(", "));
@@ -299,7 +355,11 @@ fn inspect(guest: &str) -> Result<()> {
     println!(
         "load:           {:.1} ms ({})",
         component.load.elapsed.as_secs_f64() * 1e3,
-        if component.load.cached { "cached compilation" } else { "compiled" }
+        if component.load.cached {
+            "cached compilation"
+        } else {
+            "compiled"
+        }
     );
     Ok(())
 }

@@ -124,7 +124,11 @@ pub struct ChangelogConfig {
 
 impl Default for ChangelogConfig {
     fn default() -> Self {
-        Self { kind: "embedded".into(), dir: None, segment_bytes: 64 << 20 }
+        Self {
+            kind: "embedded".into(),
+            dir: None,
+            segment_bytes: 64 << 20,
+        }
     }
 }
 
@@ -139,7 +143,8 @@ pub struct RuntimeConfig {
 impl Config {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, &path.display().to_string(), &base)
     }
@@ -151,7 +156,11 @@ impl Config {
             match e.span() {
                 Some(span) => {
                     let line = text[..span.start.min(text.len())].lines().count().max(1);
-                    let line = if text[..span.start.min(text.len())].ends_with('\n') { line + 1 } else { line };
+                    let line = if text[..span.start.min(text.len())].ends_with('\n') {
+                        line + 1
+                    } else {
+                        line
+                    };
                     anyhow::anyhow!("{origin}:{line}: {msg}")
                 }
                 None => anyhow::anyhow!("{origin}: {msg}"),
@@ -159,7 +168,10 @@ impl Config {
         })?;
         config.base = base.to_path_buf();
         if config.changelog.kind != "embedded" {
-            bail!("{origin}: changelog.kind `{}` is not supported (only `embedded`)", config.changelog.kind);
+            bail!(
+                "{origin}: changelog.kind `{}` is not supported (only `embedded`)",
+                config.changelog.kind
+            );
         }
         if config.task.commit_interval_records == 0 {
             bail!("{origin}: task.commit_interval_records must be at least 1");
@@ -219,7 +231,11 @@ impl Config {
     }
 
     pub fn cache_dir(&self) -> Option<PathBuf> {
-        self.runtime.cache_dir.as_ref().map(|p| self.resolve(p)).or_else(default_cache_dir)
+        self.runtime
+            .cache_dir
+            .as_ref()
+            .map(|p| self.resolve(p))
+            .or_else(default_cache_dir)
     }
 
     /// The `init` options as strings.
@@ -253,20 +269,31 @@ mod tests {
     #[test]
     fn typos_name_the_line() {
         let text = "[store]\nguest = \"wipe-on-crash\"\nstate_dir = \"s\"\n\n[task]\ncomit_interval_ms = 5\n";
-        let err = Config::parse(text, "c.toml", Path::new(".")).unwrap_err().to_string();
-        assert!(err.starts_with("c.toml:6: unknown field `comit_interval_ms`"), "{err}");
+        let err = Config::parse(text, "c.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("c.toml:6: unknown field `comit_interval_ms`"),
+            "{err}"
+        );
         let text = "[store]\nguest = \"wipe-on-crash\"\nstate_dir = 5\n";
-        let err = Config::parse(text, "c.toml", Path::new(".")).unwrap_err().to_string();
+        let err = Config::parse(text, "c.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("c.toml:3: "), "{err}");
     }
 
     #[test]
     fn defaults_and_options() {
-        let text = "[store]\nguest = \"g\"\nstate_dir = \"s\"\noptions = { limit = 64, mode = \"x\" }\n";
+        let text =
+            "[store]\nguest = \"g\"\nstate_dir = \"s\"\noptions = { limit = 64, mode = \"x\" }\n";
         let c = Config::parse(text, "c.toml", Path::new("/etc/tx")).unwrap();
         assert_eq!(c.state_dir(), PathBuf::from("/etc/tx/s"));
         assert_eq!(c.changelog_dir(), PathBuf::from("/etc/tx/s/changelog"));
         assert_eq!(c.task.guarantee, Guarantee::ExactlyOnce);
-        assert_eq!(c.init_options(), vec![("limit".into(), "64".into()), ("mode".into(), "x".into())]);
+        assert_eq!(
+            c.init_options(),
+            vec![("limit".into(), "64".into()), ("mode".into(), "x".into())]
+        );
     }
 }

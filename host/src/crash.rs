@@ -58,14 +58,20 @@ impl std::str::FromStr for CrashPoint {
                 STEPS.join(", ")
             ));
         }
-        Ok(CrashPoint::Step { name: name.to_string(), occurrence })
+        Ok(CrashPoint::Step {
+            name: name.to_string(),
+            occurrence,
+        })
     }
 }
 
 impl std::fmt::Display for CrashPoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CrashPoint::Step { name, occurrence: 1 } => write!(f, "{name}"),
+            CrashPoint::Step {
+                name,
+                occurrence: 1,
+            } => write!(f, "{name}"),
             CrashPoint::Step { name, occurrence } => write!(f, "{name}@{occurrence}"),
             CrashPoint::CommitCall(n) => write!(f, "commit-call:{n}"),
             CrashPoint::RecoverCall(n) => write!(f, "recover-call:{n}"),
@@ -104,7 +110,13 @@ fn crash(point: &CrashPoint) -> ! {
 /// Marks protocol step `name`; aborts if it is the armed point.
 pub fn step(name: &'static str) {
     debug_assert!(STEPS.contains(&name), "unknown step {name}");
-    if let Some(p @ CrashPoint::Step { name: armed, occurrence }) = armed() {
+    if let Some(
+        p @ CrashPoint::Step {
+            name: armed,
+            occurrence,
+        },
+    ) = armed()
+    {
         if armed == name && STEP_HITS.fetch_add(1, Ordering::Relaxed) + 1 == *occurrence {
             crash(p);
         }
@@ -136,7 +148,10 @@ pub fn storage_call(phase: Phase) -> u64 {
 
 /// Storage calls counted so far inside `commit` and inside `recover`.
 pub fn call_counts() -> (u64, u64) {
-    (COMMIT_CALLS.load(Ordering::Relaxed), RECOVER_CALLS.load(Ordering::Relaxed))
+    (
+        COMMIT_CALLS.load(Ordering::Relaxed),
+        RECOVER_CALLS.load(Ordering::Relaxed),
+    )
 }
 
 #[cfg(test)]
@@ -145,10 +160,20 @@ mod tests {
 
     #[test]
     fn points_parse_and_print_back() {
-        for s in ["after-write", "after-store-commit@3", "commit-call:7", "recover-call:1"] {
+        for s in [
+            "after-write",
+            "after-store-commit@3",
+            "commit-call:7",
+            "recover-call:1",
+        ] {
             assert_eq!(s.parse::<CrashPoint>().unwrap().to_string(), s);
         }
-        for bad in ["after-nothing", "commit-call:0", "commit-call:x", "after-write@0"] {
+        for bad in [
+            "after-nothing",
+            "commit-call:0",
+            "commit-call:x",
+            "after-write@0",
+        ] {
             assert!(bad.parse::<CrashPoint>().is_err(), "{bad} accepted");
         }
     }

@@ -5,7 +5,10 @@ use crate::common::{ok, stderr, txstore, txstore_env, write_config};
 #[test]
 fn inspect_builtin_prints_world_and_transactional() {
     let out = ok(&txstore(&["inspect", "wipe-on-crash"]));
-    assert!(out.contains("world:          txstore:store/store@0.1.0"), "{out}");
+    assert!(
+        out.contains("world:          txstore:store/store@0.1.0"),
+        "{out}"
+    );
     assert!(out.contains("transactional:  false"), "{out}");
     assert!(out.contains("txstore:store/state-store@0.1.0"), "{out}");
 }
@@ -31,8 +34,22 @@ fn put_get_scan_round_trip_on_rocksdb() {
     ok(&txstore(&["put", "gamma", "3", "--config", c]));
     ok(&txstore(&["delete", "gamma", "--config", c]));
     assert_eq!(ok(&txstore(&["get", "alpha", "--config", c])), "1\n");
-    assert_eq!(ok(&txstore(&["scan", "--config", c])), "alpha\t1\nbeta\t2\n");
-    assert_eq!(ok(&txstore(&["scan", "--from", "b", "--config", c, "--isolation", "uncommitted"])), "beta\t2\n");
+    assert_eq!(
+        ok(&txstore(&["scan", "--config", c])),
+        "alpha\t1\nbeta\t2\n"
+    );
+    assert_eq!(
+        ok(&txstore(&[
+            "scan",
+            "--from",
+            "b",
+            "--config",
+            c,
+            "--isolation",
+            "uncommitted"
+        ])),
+        "beta\t2\n"
+    );
     let json = ok(&txstore(&["scan", "--config", c, "--format", "json"]));
     let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(rows[1]["key"], "beta");
@@ -56,7 +73,11 @@ fn other_wit_version_is_refused() {
     let out = txstore(&["inspect", path.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("built against txstore:store@0.2.0") && err.contains("provides txstore:store@0.1.0"), "{err}");
+    assert!(
+        err.contains("built against txstore:store@0.2.0")
+            && err.contains("provides txstore:store@0.1.0"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "one error line: {err}");
 }
 
@@ -66,13 +87,19 @@ fn core_module_and_garbage_are_refused() {
     let core = dir.path().join("core.wasm");
     std::fs::write(&core, wat::parse_str("(module)").unwrap()).unwrap();
     let err = stderr(&txstore(&["inspect", core.to_str().unwrap()]));
-    assert!(err.contains("is a core WebAssembly module, not a component"), "{err}");
+    assert!(
+        err.contains("is a core WebAssembly module, not a component"),
+        "{err}"
+    );
     let junk = dir.path().join("junk.wasm");
     std::fs::write(&junk, b"hello world").unwrap();
     let err = stderr(&txstore(&["inspect", junk.to_str().unwrap()]));
     assert!(err.contains("is not a WebAssembly file"), "{err}");
     let err = stderr(&txstore(&["inspect", "/no/such/guest.wasm"]));
-    assert!(err.contains("cannot read guest /no/such/guest.wasm"), "{err}");
+    assert!(
+        err.contains("cannot read guest /no/such/guest.wasm"),
+        "{err}"
+    );
 }
 
 /// A component that exports some other world is refused, naming what it exports.
@@ -83,17 +110,37 @@ fn other_world_is_refused() {
     let path = dir.path().join("other.wasm");
     std::fs::write(&path, wat::parse_str(wat).unwrap()).unwrap();
     let err = stderr(&txstore(&["inspect", path.to_str().unwrap()]));
-    assert!(err.contains("does not export txstore:store/state-store@0.1.0") && err.contains("example:other/api@1.0.0"), "{err}");
+    assert!(
+        err.contains("does not export txstore:store/state-store@0.1.0")
+            && err.contains("example:other/api@1.0.0"),
+        "{err}"
+    );
 }
 
 #[test]
 fn config_typo_names_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "wipe-on-crash", "[task]\nguarantee = \"exactly-once\"\ncommit_intervl_ms = 5\n");
+    let config = write_config(
+        dir.path(),
+        "wipe-on-crash",
+        "[task]\nguarantee = \"exactly-once\"\ncommit_intervl_ms = 5\n",
+    );
     let out = txstore(&["get", "x", "--config", config.to_str().unwrap()]);
     let err = stderr(&out);
-    assert!(err.contains("txstore.toml:6: unknown field `commit_intervl_ms`"), "{err}");
+    assert!(
+        err.contains("txstore.toml:6: unknown field `commit_intervl_ms`"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let out = txstore(&["get", "x", "--config", dir.path().join("nope.toml").to_str().unwrap()]);
-    assert!(stderr(&out).contains("cannot read config"), "{}", stderr(&out));
+    let out = txstore(&[
+        "get",
+        "x",
+        "--config",
+        dir.path().join("nope.toml").to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&out).contains("cannot read config"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -14,7 +14,9 @@ pub fn runtime() -> &'static Runtime {
 
 pub fn cache_dir() -> PathBuf {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path().to_path_buf()
+    DIR.get_or_init(|| tempfile::tempdir().unwrap())
+        .path()
+        .to_path_buf()
 }
 
 pub fn bin() -> &'static str {
@@ -28,7 +30,9 @@ pub fn txstore(args: &[&str]) -> Output {
 
 pub fn txstore_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(bin());
-    cmd.args(args).env("XDG_CACHE_HOME", cache_dir()).env_remove("TXSTORE_CRASH_AT");
+    cmd.args(args)
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env_remove("TXSTORE_CRASH_AT");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -46,7 +50,12 @@ pub fn stderr(o: &Output) -> String {
 /// Asserts success, showing stderr otherwise.
 #[track_caller]
 pub fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "txstore failed: {}\n{}", o.status, stderr(o));
+    assert!(
+        o.status.success(),
+        "txstore failed: {}\n{}",
+        o.status,
+        stderr(o)
+    );
     stdout(o)
 }
 

@@ -9,9 +9,11 @@ use txstore::task::Task;
 
 const RU: Isolation = Isolation::ReadUncommitted;
 
-fn open(guest: &str, backend: &Arc<dyn Backend>) -> StoreInstance {
+pub fn open(guest: &str, backend: &Arc<dyn Backend>) -> StoreInstance {
     let component = runtime().load(&GuestSource::Builtin(guest.into())).unwrap();
-    let mut s = component.instantiate(backend.open_store("kv").unwrap(), "kv", &Limits::default()).unwrap();
+    let mut s = component
+        .instantiate(backend.open_store("kv").unwrap(), "kv", &Limits::default())
+        .unwrap();
     s.init(&[]).unwrap();
     s.recover(None).unwrap();
     s
@@ -27,11 +29,24 @@ fn kv_semantics(guest: &str, backend: Arc<dyn Backend>) {
     let keys: Vec<&[u8]> = all.iter().map(|(k, _)| k.as_slice()).collect();
     assert_eq!(keys, [b"a", b"b", b"c", b"m", b"q", b"x"].map(|k| &k[..]));
     let mid = s.range_all(Some(b"b"), Some(b"q"), RU).unwrap();
-    assert_eq!(mid.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), vec![b"b".to_vec(), b"c".to_vec(), b"m".to_vec()]);
-    assert_eq!(s.range(None, None, RU, 2).unwrap().len(), 2, "range honours its limit");
+    assert_eq!(
+        mid.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        vec![b"b".to_vec(), b"c".to_vec(), b"m".to_vec()]
+    );
+    assert_eq!(
+        s.range(None, None, RU, 2).unwrap().len(),
+        2,
+        "range honours its limit"
+    );
 
     // Binary keys, including zero bytes and 0xff, order by bytes.
-    let binary: Vec<Vec<u8>> = vec![vec![0], vec![0, 0], vec![0xff], vec![0xff, 0xff, 0], vec![1, 0, 1]];
+    let binary: Vec<Vec<u8>> = vec![
+        vec![0],
+        vec![0, 0],
+        vec![0xff],
+        vec![0xff, 0xff, 0],
+        vec![1, 0, 1],
+    ];
     for k in &binary {
         s.put(k, k).unwrap();
     }
@@ -39,7 +54,10 @@ fn kv_semantics(guest: &str, backend: Arc<dyn Backend>) {
         assert_eq!(s.get(k, RU).unwrap().as_deref(), Some(k.as_slice()));
     }
     let low = s.range_all(None, Some(b"a"), RU).unwrap();
-    assert_eq!(low.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), vec![vec![0], vec![0, 0], vec![1, 0, 1]]);
+    assert_eq!(
+        low.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        vec![vec![0], vec![0, 0], vec![1, 0, 1]]
+    );
 
     // Empty values are values.
     s.put(b"empty", b"").unwrap();
@@ -53,13 +71,23 @@ fn kv_semantics(guest: &str, backend: Arc<dyn Backend>) {
     // Delete then get; ranges skip the deleted key.
     s.delete(b"m").unwrap();
     assert_eq!(s.get(b"m", RU).unwrap(), None);
-    assert!(!s.range_all(Some(b"a"), Some(b"z"), RU).unwrap().iter().any(|(k, _)| k == b"m"));
+    assert!(!s
+        .range_all(Some(b"a"), Some(b"z"), RU)
+        .unwrap()
+        .iter()
+        .any(|(k, _)| k == b"m"));
     s.delete(b"never-there").unwrap();
 
     // Batched forms.
-    s.put_many(&[(b"p1".to_vec(), b"1".to_vec()), (b"p2".to_vec(), b"2".to_vec())]).unwrap();
+    s.put_many(&[
+        (b"p1".to_vec(), b"1".to_vec()),
+        (b"p2".to_vec(), b"2".to_vec()),
+    ])
+    .unwrap();
     s.delete_many(&[b"p1".to_vec()]).unwrap();
-    let got = s.get_many(&[b"p1".to_vec(), b"p2".to_vec(), b"a".to_vec()], RU).unwrap();
+    let got = s
+        .get_many(&[b"p1".to_vec(), b"p2".to_vec(), b"a".to_vec()], RU)
+        .unwrap();
     assert_eq!(got, vec![None, Some(b"2".to_vec()), Some(b"v-a".to_vec())]);
 
     // Commit, then everything reads the same at both levels.
@@ -73,13 +101,21 @@ fn kv_semantics(guest: &str, backend: Arc<dyn Backend>) {
     drop(s);
     // A new instance over the same storage sees the committed data.
     let mut again = open_after_clean_stop(guest, &backend, 7);
-    assert_eq!(again.get(b"big", Isolation::ReadCommitted).unwrap().as_deref(), Some(big.as_slice()));
+    assert_eq!(
+        again
+            .get(b"big", Isolation::ReadCommitted)
+            .unwrap()
+            .as_deref(),
+        Some(big.as_slice())
+    );
     assert_eq!(again.committed_offset().unwrap(), Some(7));
 }
 
 fn open_after_clean_stop(guest: &str, backend: &Arc<dyn Backend>, offset: u64) -> StoreInstance {
     let component = runtime().load(&GuestSource::Builtin(guest.into())).unwrap();
-    let mut s = component.instantiate(backend.open_store("kv").unwrap(), "kv", &Limits::default()).unwrap();
+    let mut s = component
+        .instantiate(backend.open_store("kv").unwrap(), "kv", &Limits::default())
+        .unwrap();
     s.init(&[]).unwrap();
     let r = s.recover(Some(offset)).unwrap();
     assert_eq!(r.offset, Some(offset));
@@ -87,14 +123,18 @@ fn open_after_clean_stop(guest: &str, backend: &Arc<dyn Backend>, offset: u64) -
 }
 
 #[test]
-fn wipe_on_crash_kv_on_memory() {
-    kv_semantics("wipe-on-crash", Arc::new(MemoryBackend::new()));
+fn every_guest_kv_on_memory() {
+    for guest in txstore_artifacts::names() {
+        kv_semantics(guest, Arc::new(MemoryBackend::new()));
+    }
 }
 
 #[test]
-fn wipe_on_crash_kv_on_rocksdb() {
-    let dir = tempfile::tempdir().unwrap();
-    kv_semantics("wipe-on-crash", Arc::new(RocksBackend::open(dir.path()).unwrap()));
+fn every_guest_kv_on_rocksdb() {
+    for guest in txstore_artifacts::names() {
+        let dir = tempfile::tempdir().unwrap();
+        kv_semantics(guest, Arc::new(RocksBackend::open(dir.path()).unwrap()));
+    }
 }
 
 /// Through the task: data written and committed survives a clean close and
@@ -107,13 +147,21 @@ fn reopen_after_clean_close_keeps_data() {
         config.store.backend = BackendKind::Rocksdb;
         let (mut task, report) = Task::open(&config, runtime()).unwrap();
         assert_eq!(report.recovered_offset, None);
-        task.write(&[txstore::changelog::Record::Put(b"k".to_vec(), b"v".to_vec())]).unwrap();
+        task.write(&[txstore::changelog::Record::Put(
+            b"k".to_vec(),
+            b"v".to_vec(),
+        )])
+        .unwrap();
         task.commit().unwrap();
         task.close().unwrap();
         let (mut task, report) = Task::open(&config, runtime()).unwrap();
         assert_eq!(report.action, "clean", "{guest}");
         assert_eq!(report.replayed_records, 0, "{guest}");
-        assert_eq!(task.get(b"k", Isolation::ReadCommitted).unwrap(), Some(b"v".to_vec()), "{guest}");
+        assert_eq!(
+            task.get(b"k", Isolation::ReadCommitted).unwrap(),
+            Some(b"v".to_vec()),
+            "{guest}"
+        );
         task.close().unwrap();
     }
 }

@@ -5,3 +5,4 @@ mod cli;
 mod common;
 mod kv;
 mod protocol;
+mod strategies;

@@ -11,7 +11,11 @@ use std::process::Command;
 
 /// The first `lines` lines of the word-count example's input.
 pub fn input(dir: &Path, lines: usize) -> PathBuf {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/word-count/input.txt")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/word-count/input.txt"
+    ))
+    .unwrap();
     let mut part: String = text.lines().take(lines).collect::<Vec<_>>().join("\n");
     part.push('\n');
     let path = dir.join("input.txt");
@@ -58,9 +62,22 @@ pub fn word_count_config(dir: &Path, guest: &str, guarantee: &str) -> PathBuf {
 
 /// Runs `txstore run` crashing at `point`; asserts it really aborted there.
 pub fn run_crashing(config: &Path, point: &str) {
-    let out = txstore_env(&["run", "--config", config.to_str().unwrap()], &[("TXSTORE_CRASH_AT", point)]);
-    assert_eq!(out.status.signal(), Some(6), "expected an abort at {point}: {}\n{}", out.status, stderr(&out));
-    assert!(stderr(&out).contains(&format!("crash point {point} reached")), "{}", stderr(&out));
+    let out = txstore_env(
+        &["run", "--config", config.to_str().unwrap()],
+        &[("TXSTORE_CRASH_AT", point)],
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "expected an abort at {point}: {}\n{}",
+        out.status,
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains(&format!("crash point {point} reached")),
+        "{}",
+        stderr(&out)
+    );
 }
 
 pub fn run_to_end(config: &Path) -> String {
@@ -69,7 +86,11 @@ pub fn run_to_end(config: &Path) -> String {
 
 /// Crashes a word count at `points` in turn, restarting after each, then
 /// lets it finish; returns (expected, actual).
-pub fn crash_and_finish(guest: &str, guarantee: &str, points: &[&str]) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+pub fn crash_and_finish(
+    guest: &str,
+    guarantee: &str,
+    points: &[&str],
+) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
     let dir = tempfile::tempdir().unwrap();
     let input = input(dir.path(), 1500);
     let config = word_count_config(dir.path(), guest, guarantee);
@@ -88,13 +109,21 @@ pub const SCENARIOS: &[&[&str]] = &[
     &["after-store-commit@5"],
     &["after-checkpoint"],
     &["after-write@700", "during-restore"],
-    &["after-changelog-commit@3", "after-store-commit@4", "after-write@200", "during-restore"],
+    &[
+        "after-changelog-commit@3",
+        "after-store-commit@4",
+        "after-write@200",
+        "during-restore",
+    ],
 ];
 
 fn assert_exact(guest: &str, guarantee: &str) {
     for points in SCENARIOS {
         let (expected, actual) = crash_and_finish(guest, guarantee, points);
-        assert_eq!(expected, actual, "{guest} under {guarantee}, crashed at {points:?}");
+        assert_eq!(
+            expected, actual,
+            "{guest} under {guarantee}, crashed at {points:?}"
+        );
     }
 }
 
@@ -109,7 +138,11 @@ fn wipe_on_crash_exactly_once_survives_every_crash_point() {
 #[test]
 fn wipe_on_crash_at_least_once_loses_nothing() {
     for points in SCENARIOS {
-        let points: Vec<&str> = points.iter().copied().filter(|p| *p != "during-restore").collect();
+        let points: Vec<&str> = points
+            .iter()
+            .copied()
+            .filter(|p| *p != "during-restore")
+            .collect();
         let (expected, actual) = crash_and_finish("wipe-on-crash", "at-least-once", &points);
         for (word, n) in &expected {
             let got = actual.get(word).copied().unwrap_or(0);
@@ -128,19 +161,35 @@ fn recover_reports_wipe_and_replay_after_unclean_stop() {
     let out = ok(&txstore(&["recover", "--config", config.to_str().unwrap()]));
     assert!(out.contains("checkpoint:        none"), "{out}");
     assert!(out.contains("(wiped: wiped the store)"), "{out}");
-    let json = ok(&txstore(&["recover", "--config", config.to_str().unwrap(), "--json"]));
+    let json = ok(&txstore(&[
+        "recover",
+        "--config",
+        config.to_str().unwrap(),
+        "--json",
+    ]));
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
     // The second recovery follows a clean close: nothing to replay.
     assert_eq!(report["action"], "clean", "{json}");
     assert_eq!(report["replayed_records"], 0);
     // The first one replayed every committed write: 4 commits of 64 lines.
-    let replayed: u64 = out.lines().find(|l| l.starts_with("replayed:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let replayed: u64 = out
+        .lines()
+        .find(|l| l.starts_with("replayed:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(replayed > 0, "{out}");
 }
 
 fn segment(config: &Path) -> PathBuf {
     let dir = config.parent().unwrap().join("state/changelog");
-    let mut segs: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut segs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     segs.sort();
     segs.pop().unwrap()
 }
@@ -162,7 +211,10 @@ fn torn_changelog_tail_is_truncated_with_a_warning() {
     let out = txstore(&["run", "--config", config.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("truncated 10 bytes after the last commit"), "{err}");
+    assert!(
+        err.contains("truncated 10 bytes after the last commit"),
+        "{err}"
+    );
     assert!(err.contains(&format!("byte {len} onwards")), "{err}");
     assert_eq!(shell_count(&input), store_counts(&config));
 }
@@ -191,9 +243,19 @@ fn flipped_byte_in_old_record_is_reported_and_nothing_is_lost() {
     let out = txstore(&["recover", "--config", config.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    let line = err.lines().find(|l| l.starts_with("error:")).expect("an error line");
-    assert!(line.contains("is damaged at byte") && line.contains("nothing was changed"), "{err}");
-    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "the segment is left as it was");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .expect("an error line");
+    assert!(
+        line.contains("is damaged at byte") && line.contains("nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        bytes,
+        "the segment is left as it was"
+    );
     // Restoring the byte (the operator's fix) brings everything back.
     bytes[200] ^= 0x01;
     std::fs::write(&seg, &bytes).unwrap();

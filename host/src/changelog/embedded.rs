@@ -85,12 +85,22 @@ fn decode(buf: &[u8], pos: usize) -> Option<(Frame<'_>, usize)> {
         return None;
     }
     let offset = u64::from_le_bytes(body[1..9].try_into().unwrap());
-    Some((Frame { kind: body[0], offset, payload: &body[9..] }, HEADER + len))
+    Some((
+        Frame {
+            kind: body[0],
+            offset,
+            payload: &body[9..],
+        },
+        HEADER + len,
+    ))
 }
 
 fn encode(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[&[u8]]) {
     let len = 9 + payload.iter().map(|p| p.len()).sum::<usize>();
-    assert!(len <= MAX_FRAME, "changelog frame of {len} bytes exceeds {MAX_FRAME}");
+    assert!(
+        len <= MAX_FRAME,
+        "changelog frame of {len} bytes exceeds {MAX_FRAME}"
+    );
     let start = out.len();
     out.extend_from_slice(&MAGIC.to_le_bytes());
     out.extend_from_slice(&(len as u32).to_le_bytes());
@@ -100,14 +110,25 @@ fn encode(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[&[u8]]) {
     for p in payload {
         out.extend_from_slice(p);
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start + 4..start + 8]), &out[start + HEADER..]);
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&out[start + 4..start + 8]),
+        &out[start + HEADER..],
+    );
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn decode_record(payload: &[u8]) -> Result<Record> {
     let (&op, rest) = payload.split_first().context("empty data frame")?;
-    let klen = u32::from_le_bytes(rest.get(0..4).context("short data frame")?.try_into().unwrap()) as usize;
-    let key = rest.get(4..4 + klen).context("data frame key overruns the frame")?.to_vec();
+    let klen = u32::from_le_bytes(
+        rest.get(0..4)
+            .context("short data frame")?
+            .try_into()
+            .unwrap(),
+    ) as usize;
+    let key = rest
+        .get(4..4 + klen)
+        .context("data frame key overruns the frame")?
+        .to_vec();
     let value = &rest[4 + klen..];
     match op {
         OP_PUT => Ok(Record::Put(key, value.to_vec())),
@@ -128,19 +149,26 @@ fn segment_path(dir: &Path, first_offset: u64) -> PathBuf {
 /// Finds the next position after `from` where a valid frame starts.
 fn resync(buf: &[u8], from: usize) -> Option<usize> {
     let magic = MAGIC.to_le_bytes();
-    (from..buf.len().saturating_sub(HEADER - 1)).find(|&p| buf[p..p + 4] == magic && decode(buf, p).is_some())
+    (from..buf.len().saturating_sub(HEADER - 1))
+        .find(|&p| buf[p..p + 4] == magic && decode(buf, p).is_some())
 }
 
 impl EmbeddedLog {
     /// Opens (creating) the log in `dir`, checking and repairing as the
     /// module documentation says.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
         let mut segments = Vec::new();
-        for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        for entry in
+            std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
+        {
             let path = entry?.path();
             let name = path.file_name().unwrap().to_string_lossy().to_string();
-            if let Some(base) = name.strip_suffix(".log").and_then(|b| b.parse::<u64>().ok()) {
+            if let Some(base) = name
+                .strip_suffix(".log")
+                .and_then(|b| b.parse::<u64>().ok())
+            {
                 segments.push((base, path));
             }
         }
@@ -152,7 +180,8 @@ impl EmbeddedLog {
         let mut committed_len = 0u64;
         let count = segments.len();
         for (i, (_, path)) in segments.iter().enumerate() {
-            let buf = std::fs::read(path).with_context(|| format!("cannot read changelog segment {}", path.display()))?;
+            let buf = std::fs::read(path)
+                .with_context(|| format!("cannot read changelog segment {}", path.display()))?;
             let mut pos = 0;
             let mut good_end = 0;
             while pos < buf.len() {
@@ -264,16 +293,25 @@ impl Changelog for EmbeddedLog {
             Record::Put(k, v) => (OP_PUT, k, v),
             Record::Delete(k) => (OP_DELETE, k, &[]),
         };
-        self.write_frame(KIND_DATA, &[&[op], &(key.len() as u32).to_le_bytes(), key, value])?;
+        self.write_frame(
+            KIND_DATA,
+            &[&[op], &(key.len() as u32).to_le_bytes(), key, value],
+        )?;
         Ok(())
     }
 
     fn commit(&mut self, input_position: u64) -> Result<u64> {
         let marker = self.write_frame(KIND_COMMIT, &[&input_position.to_le_bytes()])?;
         self.writer.flush()?;
-        self.writer.get_ref().sync_data().context("fsync of the changelog failed")?;
+        self.writer
+            .get_ref()
+            .sync_data()
+            .context("fsync of the changelog failed")?;
         self.committed_len = self.written_len;
-        let info = CommitInfo { offset: marker + 1, input_position };
+        let info = CommitInfo {
+            offset: marker + 1,
+            input_position,
+        };
         self.last = Some(info);
         if self.committed_len >= self.segment_bytes {
             self.roll()?;
@@ -286,18 +324,33 @@ impl Changelog for EmbeddedLog {
         self.writer.get_ref().set_len(self.committed_len)?;
         self.writer.get_mut().seek(SeekFrom::End(0))?;
         self.written_len = self.committed_len;
-        self.next_offset = self.last.map_or(self.segments.last().unwrap().0, |c| c.offset);
+        self.next_offset = self
+            .last
+            .map_or(self.segments.last().unwrap().0, |c| c.offset);
         Ok(())
     }
 
-    fn read_committed(&mut self, from: u64, f: &mut dyn FnMut(Replayed) -> Result<()>) -> Result<()> {
+    fn read_committed(
+        &mut self,
+        from: u64,
+        f: &mut dyn FnMut(Replayed) -> Result<()>,
+    ) -> Result<()> {
         self.writer.flush()?;
-        let first = self.segments.iter().rposition(|(base, _)| *base <= from).unwrap_or(0);
+        let first = self
+            .segments
+            .iter()
+            .rposition(|(base, _)| *base <= from)
+            .unwrap_or(0);
         let mut last_good = from;
         for (i, (_, path)) in self.segments[first..].iter().enumerate() {
-            let buf = std::fs::read(path).with_context(|| format!("cannot read changelog segment {}", path.display()))?;
+            let buf = std::fs::read(path)
+                .with_context(|| format!("cannot read changelog segment {}", path.display()))?;
             // The open transaction of the active segment is not for readers.
-            let limit = if first + i + 1 == self.segments.len() { self.committed_len as usize } else { buf.len() };
+            let limit = if first + i + 1 == self.segments.len() {
+                self.committed_len as usize
+            } else {
+                buf.len()
+            };
             let mut pending = Vec::new();
             // Damage inside the transaction being read: fatal only if it is delivered.
             let mut damaged_at: Option<usize> = None;
@@ -331,8 +384,9 @@ impl Changelog for EmbeddedLog {
                                 );
                             }
                             for payload in pending.drain(..) {
-                                let record = decode_record(payload)
-                                    .with_context(|| format!("changelog segment {} at byte {pos}", path.display()))?;
+                                let record = decode_record(payload).with_context(|| {
+                                    format!("changelog segment {} at byte {pos}", path.display())
+                                })?;
                                 f(Replayed::Record(record))?;
                             }
                             f(Replayed::Commit(txn_end))?;
@@ -341,7 +395,10 @@ impl Changelog for EmbeddedLog {
                         damaged_at = None;
                         last_good = txn_end.max(from);
                     }
-                    k => bail!("changelog segment {} has a frame of unknown kind {k} at byte {pos}", path.display()),
+                    k => bail!(
+                        "changelog segment {} has a frame of unknown kind {k} at byte {pos}",
+                        path.display()
+                    ),
                 }
                 pos += n;
             }

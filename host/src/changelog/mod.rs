@@ -57,7 +57,11 @@ pub trait Changelog: Send {
     fn abort(&mut self) -> Result<()>;
     /// Calls `f` with every committed record whose transaction ends after
     /// `from`, and with each transaction's end, in order.
-    fn read_committed(&mut self, from: u64, f: &mut dyn FnMut(Replayed) -> Result<()>) -> Result<()>;
+    fn read_committed(
+        &mut self,
+        from: u64,
+        f: &mut dyn FnMut(Replayed) -> Result<()>,
+    ) -> Result<()>;
     /// The last committed transaction, if any.
     fn last_commit(&self) -> Option<CommitInfo>;
     /// The committed end offset (0 for an empty log).

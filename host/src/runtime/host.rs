@@ -2,12 +2,14 @@
 //! against its own [`StoreStorage`] only. Every call is counted for the
 //! `commit-call:N` / `recover-call:N` crash points.
 
-use super::bindings::txstore::store::storage::{Host, HostCursor, HostKeyspace, KeyspaceOps, Level, Op as WitOp};
+use super::bindings::txstore::store::storage::{
+    Host, HostCursor, HostKeyspace, KeyspaceOps, Level, Op as WitOp,
+};
 use super::bindings::txstore::store::types::{self, Entry, Error as WitError};
+use super::limiter::GuestLimiter;
 use crate::crash::{self, Phase};
 use crate::storage::{Cursor, KeyspaceId, Op, StorageError, StoreStorage, MAX_CURSOR_BATCH};
 use wasmtime::component::{Resource, ResourceTable};
-use super::limiter::GuestLimiter;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 /// A keyspace handle held by a guest.
@@ -31,11 +33,22 @@ pub struct GuestState {
 }
 
 impl GuestState {
-    pub(crate) fn new(storage: Box<dyn StoreStorage>, store_name: String, limits: GuestLimiter) -> Self {
+    pub(crate) fn new(
+        storage: Box<dyn StoreStorage>,
+        store_name: String,
+        limits: GuestLimiter,
+    ) -> Self {
         // No preopens, no environment, no arguments, stdio to nowhere: the
         // guest's only way out is the `storage` interface.
         let wasi = wasmtime_wasi::WasiCtxBuilder::new().build();
-        Self { table: ResourceTable::new(), wasi, limits, storage, store_name, phase: Phase::Other }
+        Self {
+            table: ResourceTable::new(),
+            wasi,
+            limits,
+            storage,
+            store_name,
+            phase: Phase::Other,
+        }
     }
 
     fn count(&self) {
@@ -49,7 +62,10 @@ impl GuestState {
 
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -91,7 +107,11 @@ impl HostKeyspace for GuestState {
         wit(self.storage.get(ks, &key))
     }
 
-    fn get_many(&mut self, this: Resource<KeyspaceRes>, keys: Vec<Vec<u8>>) -> R<Vec<Option<Vec<u8>>>> {
+    fn get_many(
+        &mut self,
+        this: Resource<KeyspaceRes>,
+        keys: Vec<Vec<u8>>,
+    ) -> R<Vec<Option<Vec<u8>>>> {
         self.count();
         let ks = self.ks(&this)?;
         wit(self.storage.get_many(ks, &keys))
@@ -109,7 +129,12 @@ impl HostKeyspace for GuestState {
         wit(self.storage.delete(ks, &key))
     }
 
-    fn scan(&mut self, this: Resource<KeyspaceRes>, start: Option<Vec<u8>>, end: Option<Vec<u8>>) -> R<Resource<CursorRes>> {
+    fn scan(
+        &mut self,
+        this: Resource<KeyspaceRes>,
+        start: Option<Vec<u8>>,
+        end: Option<Vec<u8>>,
+    ) -> R<Resource<CursorRes>> {
         self.count();
         let ks = self.ks(&this)?;
         match self.storage.scan(ks, start.as_deref(), end.as_deref()) {
@@ -147,7 +172,11 @@ impl HostCursor for GuestState {
         self.count();
         let cursor = self.table.get_mut(&this)?;
         let batch = cursor.0.next((max as usize).min(MAX_CURSOR_BATCH));
-        wit(batch.map(|b| b.into_iter().map(|(key, value)| Entry { key, value }).collect()))
+        wit(batch.map(|b| {
+            b.into_iter()
+                .map(|(key, value)| Entry { key, value })
+                .collect()
+        }))
     }
 
     fn drop(&mut self, this: Resource<CursorRes>) -> wasmtime::Result<()> {

@@ -6,11 +6,11 @@
 use super::bindings::exports::txstore::store::state_store as export;
 use super::bindings::txstore::store::types::Entry;
 use super::host::GuestState;
+use super::limiter::{GuestLimiter, MemoryLimitExceeded};
 use super::{bindings, GuestComponent, Limits, EPOCH_TICK};
 use crate::crash::Phase;
 use crate::storage::StoreStorage;
 use anyhow::Result;
-use super::limiter::{GuestLimiter, MemoryLimitExceeded};
 use wasmtime::Store;
 
 pub use bindings::txstore::store::types::Error as WitError;
@@ -21,16 +21,30 @@ pub use export::{Isolation, Recovery, RecoveryAction};
 pub enum CallError {
     /// The guest returned an error the contract defines.
     #[error("guest {guest} returned an error from {func}: {}", describe(.err))]
-    Guest { guest: String, func: &'static str, err: WitError },
+    Guest {
+        guest: String,
+        func: &'static str,
+        err: WitError,
+    },
     /// The guest trapped, ran out of time or memory: the instance is dead.
     #[error("guest {guest} failed in {func}: {reason}")]
-    Trap { guest: String, func: &'static str, reason: String },
+    Trap {
+        guest: String,
+        func: &'static str,
+        reason: String,
+    },
 }
 
 impl CallError {
     /// The guest asked for a commit before more writes.
     pub fn is_uncommitted_limit(&self) -> bool {
-        matches!(self, CallError::Guest { err: WitError::UncommittedLimit(_), .. })
+        matches!(
+            self,
+            CallError::Guest {
+                err: WitError::UncommittedLimit(_),
+                ..
+            }
+        )
     }
 
     /// The instance must be discarded.
@@ -62,14 +76,28 @@ pub struct StoreInstance {
 }
 
 impl StoreInstance {
-    pub(super) fn new(guest: &GuestComponent, storage: Box<dyn StoreStorage>, store_name: &str, limits: &Limits) -> Result<Self> {
+    pub(super) fn new(
+        guest: &GuestComponent,
+        storage: Box<dyn StoreStorage>,
+        store_name: &str,
+        limits: &Limits,
+    ) -> Result<Self> {
         let limiter = GuestLimiter::new(limits);
-        let mut store = Store::new(&guest.engine, GuestState::new(storage, store_name.to_string(), limiter));
+        let mut store = Store::new(
+            &guest.engine,
+            GuestState::new(storage, store_name.to_string(), limiter),
+        );
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(u64::MAX / 2);
         store.epoch_deadline_trap();
         let api = guest.pre.instantiate(&mut store)?;
-        Ok(Self { store, api, label: guest.label.clone(), limits: limits.clone(), dead: false })
+        Ok(Self {
+            store,
+            api,
+            label: guest.label.clone(),
+            limits: limits.clone(),
+            dead: false,
+        })
     }
 
     /// The guest's label (built-in name or path).
@@ -85,16 +113,27 @@ impl StoreInstance {
         f: impl FnOnce(&export::Guest, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
     ) -> Result<T, CallError> {
         if self.dead {
-            return Err(self.trap(func, "the instance trapped earlier and was discarded".into()));
+            return Err(self.trap(
+                func,
+                "the instance trapped earlier and was discarded".into(),
+            ));
         }
-        let ticks = self.limits.call_timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1);
+        let ticks = self
+            .limits
+            .call_timeout_ms
+            .div_ceil(EPOCH_TICK.as_millis() as u64)
+            .max(1);
         self.store.set_epoch_deadline(ticks);
         self.store.data_mut().phase = phase;
         let result = f(self.api.txstore_store_state_store(), &mut self.store);
         self.store.data_mut().phase = Phase::Other;
         match result {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(err)) => Err(CallError::Guest { guest: self.label.clone(), func, err }),
+            Ok(Err(err)) => Err(CallError::Guest {
+                guest: self.label.clone(),
+                func,
+                err,
+            }),
             Err(e) => {
                 self.dead = true;
                 let reason = self.explain(&e);
@@ -104,18 +143,28 @@ impl StoreInstance {
     }
 
     fn trap(&self, func: &'static str, reason: String) -> CallError {
-        CallError::Trap { guest: self.label.clone(), func, reason }
+        CallError::Trap {
+            guest: self.label.clone(),
+            func,
+            reason,
+        }
     }
 
     /// Says which limit a trap came from, when it came from one.
     fn explain(&self, e: &wasmtime::Error) -> String {
         match e.downcast_ref::<wasmtime::Trap>() {
             Some(wasmtime::Trap::Interrupt) => {
-                format!("guest exceeded its time limit of {} ms", self.limits.call_timeout_ms)
+                format!(
+                    "guest exceeded its time limit of {} ms",
+                    self.limits.call_timeout_ms
+                )
             }
             Some(wasmtime::Trap::StackOverflow) => "guest overflowed its wasm stack".into(),
             _ if e.downcast_ref::<MemoryLimitExceeded>().is_some() => {
-                format!("guest exceeded its memory limit of {} MiB", self.limits.memory_mib)
+                format!(
+                    "guest exceeded its memory limit of {} MiB",
+                    self.limits.memory_mib
+                )
             }
             _ => format!("guest trapped: {e:#}"),
         }
@@ -130,19 +179,31 @@ impl StoreInstance {
     }
 
     pub fn transactional(&mut self) -> Result<bool, CallError> {
-        self.call("transactional", Phase::Other, |g, s| g.call_transactional(s).map(Ok))
+        self.call("transactional", Phase::Other, |g, s| {
+            g.call_transactional(s).map(Ok)
+        })
     }
 
     pub fn recover(&mut self, checkpointed: Option<u64>) -> Result<Recovery, CallError> {
-        self.call("recover", Phase::Recover, |g, s| g.call_recover(s, checkpointed))
+        self.call("recover", Phase::Recover, |g, s| {
+            g.call_recover(s, checkpointed)
+        })
     }
 
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, CallError> {
-        self.call("get", Phase::Other, |g, s| g.call_get(s, &key.to_vec(), isolation))
+        self.call("get", Phase::Other, |g, s| {
+            g.call_get(s, &key.to_vec(), isolation)
+        })
     }
 
-    pub fn get_many(&mut self, keys: &[Vec<u8>], isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, CallError> {
-        self.call("get-many", Phase::Other, |g, s| g.call_get_many(s, keys, isolation))
+    pub fn get_many(
+        &mut self,
+        keys: &[Vec<u8>],
+        isolation: Isolation,
+    ) -> Result<Vec<Option<Vec<u8>>>, CallError> {
+        self.call("get-many", Phase::Other, |g, s| {
+            g.call_get_many(s, keys, isolation)
+        })
     }
 
     /// One page of [start, end) at `isolation`, at most `limit` entries.
@@ -153,7 +214,15 @@ impl StoreInstance {
         isolation: Isolation,
         limit: u32,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        let page = self.call("range", Phase::Other, |g, s| g.call_range(s, start.map(<[u8]>::to_vec).as_ref(), end.map(<[u8]>::to_vec).as_ref(), isolation, limit))?;
+        let page = self.call("range", Phase::Other, |g, s| {
+            g.call_range(
+                s,
+                start.map(<[u8]>::to_vec).as_ref(),
+                end.map(<[u8]>::to_vec).as_ref(),
+                isolation,
+                limit,
+            )
+        })?;
         Ok(page.into_iter().map(|e| (e.key, e.value)).collect())
     }
 
@@ -183,20 +252,34 @@ impl StoreInstance {
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), CallError> {
-        self.call("put", Phase::Other, |g, s| g.call_put(s, &key.to_vec(), &value.to_vec()))
+        self.call("put", Phase::Other, |g, s| {
+            g.call_put(s, &key.to_vec(), &value.to_vec())
+        })
     }
 
     pub fn delete(&mut self, key: &[u8]) -> Result<(), CallError> {
-        self.call("delete", Phase::Other, |g, s| g.call_delete(s, &key.to_vec()))
+        self.call("delete", Phase::Other, |g, s| {
+            g.call_delete(s, &key.to_vec())
+        })
     }
 
     pub fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CallError> {
-        let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry { key: k.clone(), value: v.clone() }).collect();
-        self.call("put-many", Phase::Other, |g, s| g.call_put_many(s, &entries))
+        let entries: Vec<Entry> = entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect();
+        self.call("put-many", Phase::Other, |g, s| {
+            g.call_put_many(s, &entries)
+        })
     }
 
     pub fn delete_many(&mut self, keys: &[Vec<u8>]) -> Result<(), CallError> {
-        self.call("delete-many", Phase::Other, |g, s| g.call_delete_many(s, keys))
+        self.call("delete-many", Phase::Other, |g, s| {
+            g.call_delete_many(s, keys)
+        })
     }
 
     pub fn commit(&mut self, offset: u64) -> Result<(), CallError> {
@@ -204,11 +287,15 @@ impl StoreInstance {
     }
 
     pub fn committed_offset(&mut self) -> Result<Option<u64>, CallError> {
-        self.call("committed-offset", Phase::Other, |g, s| g.call_committed_offset(s))
+        self.call("committed-offset", Phase::Other, |g, s| {
+            g.call_committed_offset(s)
+        })
     }
 
     pub fn approximate_uncommitted_bytes(&mut self) -> Result<u64, CallError> {
-        self.call("approximate-uncommitted-bytes", Phase::Other, |g, s| g.call_approximate_uncommitted_bytes(s).map(Ok))
+        self.call("approximate-uncommitted-bytes", Phase::Other, |g, s| {
+            g.call_approximate_uncommitted_bytes(s).map(Ok)
+        })
     }
 
     /// The largest linear memory the guest has grown to, in bytes.

@@ -36,15 +36,29 @@ impl GuestLimiter {
 }
 
 impl ResourceLimiter for GuestLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.memory_cap {
-            return Err(MemoryLimitExceeded { limit_mib: self.limit_mib, asked: desired }.into());
+            return Err(MemoryLimitExceeded {
+                limit_mib: self.limit_mib,
+                asked: desired,
+            }
+            .into());
         }
         self.peak_memory = self.peak_memory.max(desired);
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 

@@ -8,8 +8,8 @@ mod instance;
 mod limiter;
 
 pub use host::GuestState;
-pub use limiter::MemoryLimitExceeded;
 pub use instance::{CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitError};
+pub use limiter::MemoryLimitExceeded;
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -55,7 +55,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { memory_mib: 512, call_timeout_ms: 30_000, max_tables: 100, max_instances: 100 }
+        Self {
+            memory_mib: 512,
+            call_timeout_ms: 30_000,
+            max_tables: 100,
+            max_instances: 100,
+        }
     }
 }
 
@@ -132,23 +137,32 @@ impl Runtime {
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.max_wasm_stack(1 << 20);
-        let engine = Engine::new(&config).map_err(anyhow::Error::from).context("creating the wasmtime engine")?;
+        let engine = Engine::new(&config)
+            .map_err(anyhow::Error::from)
+            .context("creating the wasmtime engine")?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let (weak, stop) = (engine.weak(), ticker_stop.clone());
-        std::thread::Builder::new().name("txstore-epoch".into()).spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(EPOCH_TICK);
-                match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
-                    None => break,
+        std::thread::Builder::new()
+            .name("txstore-epoch".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
                 }
-            }
-        })?;
-        Ok(Self { engine, linker, cache_dir, ticker_stop })
+            })?;
+        Ok(Self {
+            engine,
+            linker,
+            cache_dir,
+            ticker_stop,
+        })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -161,12 +175,16 @@ impl Runtime {
             GuestSource::Builtin(name) => {
                 let bytes = txstore_artifacts::builtin(name).with_context(|| {
                     let names: Vec<_> = txstore_artifacts::names().collect();
-                    format!("no built-in guest named `{name}` (built-in: {})", names.join(", "))
+                    format!(
+                        "no built-in guest named `{name}` (built-in: {})",
+                        names.join(", ")
+                    )
                 })?;
                 self.load_bytes(name, bytes)
             }
             GuestSource::Path(path) => {
-                let bytes = std::fs::read(path).with_context(|| format!("cannot read guest {}", path.display()))?;
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read guest {}", path.display()))?;
                 self.load_bytes(&path.display().to_string(), &bytes)
             }
         }
@@ -179,10 +197,27 @@ impl Runtime {
         let hash = hex(&Sha256::digest(bytes));
         let (component, cached) = self.compile_cached(label, bytes, &hash)?;
         let (exports, imports) = check_world(label, &self.engine, &component)?;
-        let pre = self.linker.instantiate_pre(&component).map_err(anyhow::Error::from).with_context(|| format!("guest {label} cannot be linked"))?;
-        let pre = bindings::StorePre::new(pre).map_err(anyhow::Error::from).with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
-        let load = LoadInfo { cached, elapsed: started.elapsed(), hash };
-        Ok(GuestComponent { label: label.to_string(), pre, engine: self.engine.clone(), load, exports, imports })
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("guest {label} cannot be linked"))?;
+        let pre = bindings::StorePre::new(pre)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
+        let load = LoadInfo {
+            cached,
+            elapsed: started.elapsed(),
+            hash,
+        };
+        Ok(GuestComponent {
+            label: label.to_string(),
+            pre,
+            engine: self.engine.clone(),
+            load,
+            exports,
+            imports,
+        })
     }
 
     fn cache_path(&self, hash: &str) -> Option<PathBuf> {
@@ -202,10 +237,15 @@ impl Runtime {
             // anything else, and a refused file is recompiled below.
             match unsafe { Component::deserialize_file(&self.engine, path) } {
                 Ok(c) => return Ok((c, true)),
-                Err(e) => tracing::warn!("cached compilation {} is unusable ({e:#}); recompiling", path.display()),
+                Err(e) => tracing::warn!(
+                    "cached compilation {} is unusable ({e:#}); recompiling",
+                    path.display()
+                ),
             }
         }
-        let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from).with_context(|| format!("guest {label} failed to compile"))?;
+        let component = Component::new(&self.engine, bytes)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("guest {label} failed to compile"))?;
         if let Some(path) = path {
             if let Err(e) = write_cache(&path, &component.serialize()?) {
                 tracing::warn!("cannot cache compiled guest at {}: {e:#}", path.display());
@@ -247,7 +287,11 @@ fn check_is_component(label: &str, bytes: &[u8]) -> Result<()> {
 
 /// Checks that the component exports our `state-store` at our version and
 /// imports nothing but our `storage` and WASI. Returns (exports, imports).
-fn check_world(label: &str, engine: &Engine, component: &Component) -> Result<(Vec<String>, Vec<String>)> {
+fn check_world(
+    label: &str,
+    engine: &Engine,
+    component: &Component,
+) -> Result<(Vec<String>, Vec<String>)> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
@@ -264,7 +308,10 @@ fn check_world(label: &str, engine: &Engine, component: &Component) -> Result<(V
             }
         }
     }
-    if !exports.iter().any(|n| ours(n).is_some_and(|(i, _)| i == "state-store")) {
+    if !exports
+        .iter()
+        .any(|n| ours(n).is_some_and(|(i, _)| i == "state-store"))
+    {
         bail!(
             "guest {label} does not export {WIT_PACKAGE}/state-store@{WIT_VERSION} (it exports: {}); \
              build it against the `store` world of wit/",

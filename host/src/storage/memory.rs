@@ -2,7 +2,10 @@
 //! cursor keeps the view it was opened on while later writes copy on write.
 //! Nothing survives the process; "durable" means "kept until drop".
 
-use super::{check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result, StorageError, StoreStorage};
+use super::{
+    check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result,
+    StorageError, StoreStorage,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
@@ -30,8 +33,17 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     fn open_store(&self, store: &str) -> Result<Box<dyn StoreStorage>> {
         check_name(NameKind::Store, store)?;
-        let data = self.stores.lock().unwrap().entry(store.to_string()).or_default().clone();
-        Ok(Box::new(MemoryStore { data, names: Vec::new() }))
+        let data = self
+            .stores
+            .lock()
+            .unwrap()
+            .entry(store.to_string())
+            .or_default()
+            .clone();
+        Ok(Box::new(MemoryStore {
+            data,
+            names: Vec::new(),
+        }))
     }
 
     fn kind(&self) -> &'static str {
@@ -51,7 +63,13 @@ impl MemoryStore {
     }
 
     fn map(&self, ks: KeyspaceId) -> Arc<Map> {
-        self.data.lock().unwrap().keyspaces.get(self.name(ks)).cloned().unwrap_or_default()
+        self.data
+            .lock()
+            .unwrap()
+            .keyspaces
+            .get(self.name(ks))
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn edit<R>(&self, ks: KeyspaceId, f: impl FnOnce(&mut Map) -> R) -> R {
@@ -82,7 +100,12 @@ fn apply(map: &mut Map, op: Op) {
 impl StoreStorage for MemoryStore {
     fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
         check_name(NameKind::Keyspace, name)?;
-        self.data.lock().unwrap().keyspaces.entry(name.to_string()).or_default();
+        self.data
+            .lock()
+            .unwrap()
+            .keyspaces
+            .entry(name.to_string())
+            .or_default();
         let id = match self.names.iter().position(|n| n == name) {
             Some(i) => i,
             None => {
@@ -94,12 +117,22 @@ impl StoreStorage for MemoryStore {
     }
 
     fn keyspaces(&self) -> Result<Vec<String>> {
-        Ok(self.data.lock().unwrap().keyspaces.keys().cloned().collect())
+        Ok(self
+            .data
+            .lock()
+            .unwrap()
+            .keyspaces
+            .keys()
+            .cloned()
+            .collect())
     }
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let data = self.data.lock().unwrap();
-        Ok(data.keyspaces.get(self.name(ks)).and_then(|m| m.get(key).cloned()))
+        Ok(data
+            .keyspaces
+            .get(self.name(ks))
+            .and_then(|m| m.get(key).cloned()))
     }
 
     fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
@@ -112,7 +145,12 @@ impl StoreStorage for MemoryStore {
         Ok(())
     }
 
-    fn scan(&self, ks: KeyspaceId, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Box<dyn Cursor>> {
+    fn scan(
+        &self,
+        ks: KeyspaceId,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+    ) -> Result<Box<dyn Cursor>> {
         if let (Some(s), Some(e)) = (start, end) {
             check_range(s, e)?;
         }
@@ -125,7 +163,9 @@ impl StoreStorage for MemoryStore {
 
     fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
         check_range(start, end)?;
-        self.edit(ks, |m| apply(m, Op::DeleteRange(start.to_vec(), end.to_vec())));
+        self.edit(ks, |m| {
+            apply(m, Op::DeleteRange(start.to_vec(), end.to_vec()))
+        });
         Ok(())
     }
 
@@ -167,7 +207,11 @@ impl StoreStorage for MemoryStore {
     fn restore_snapshot(&mut self, name: &str) -> Result<()> {
         check_name(NameKind::Snapshot, name)?;
         let mut data = self.data.lock().unwrap();
-        let image = data.snapshots.get(name).cloned().ok_or_else(|| StorageError::NoSuchSnapshot(name.into()))?;
+        let image = data
+            .snapshots
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StorageError::NoSuchSnapshot(name.into()))?;
         for (ks, map) in data.keyspaces.iter_mut() {
             *map = image.get(ks).cloned().unwrap_or_default();
         }
@@ -184,7 +228,14 @@ impl StoreStorage for MemoryStore {
     }
 
     fn list_snapshots(&self) -> Result<Vec<String>> {
-        Ok(self.data.lock().unwrap().snapshots.keys().cloned().collect())
+        Ok(self
+            .data
+            .lock()
+            .unwrap()
+            .snapshots
+            .keys()
+            .cloned()
+            .collect())
     }
 }
 
@@ -196,7 +247,10 @@ struct MemoryCursor {
 
 impl Cursor for MemoryCursor {
     fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
-        let end = self.end.as_ref().map_or(Bound::Unbounded, |e| Bound::Excluded(e.clone()));
+        let end = self
+            .end
+            .as_ref()
+            .map_or(Bound::Unbounded, |e| Bound::Excluded(e.clone()));
         let out: Vec<Entry> = self
             .map
             .range::<Vec<u8>, _>((self.next.clone(), end))

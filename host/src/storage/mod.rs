@@ -92,7 +92,12 @@ pub trait StoreStorage: Send {
     fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()>;
     fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()>;
     /// A cursor over [start, end) as the keyspace is now.
-    fn scan(&self, ks: KeyspaceId, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Box<dyn Cursor>>;
+    fn scan(
+        &self,
+        ks: KeyspaceId,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+    ) -> Result<Box<dyn Cursor>>;
     fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()>;
     fn clear(&mut self, ks: KeyspaceId) -> Result<()>;
     fn is_empty(&self, ks: KeyspaceId) -> Result<bool>;
@@ -139,7 +144,10 @@ pub fn check_name(kind: NameKind, name: &str) -> Result<()> {
     if name == "." || name == ".." || name.contains("..") {
         return bad("contains `..`");
     }
-    if let Some(c) = name.chars().find(|c| matches!(c, '/' | '\\' | ':') || c.is_control()) {
+    if let Some(c) = name
+        .chars()
+        .find(|c| matches!(c, '/' | '\\' | ':') || c.is_control())
+    {
         return bad(&format!("contains {c:?}"));
     }
     Ok(())
@@ -159,8 +167,20 @@ mod tests {
 
     #[test]
     fn names_that_could_escape_are_refused() {
-        for bad in ["", "..", "a/../b", "a/b", "a\\b", "a:b", "a\nb", &"x".repeat(129)] {
-            assert!(check_name(NameKind::Keyspace, bad).is_err(), "{bad:?} accepted");
+        for bad in [
+            "",
+            "..",
+            "a/../b",
+            "a/b",
+            "a\\b",
+            "a:b",
+            "a\nb",
+            &"x".repeat(129),
+        ] {
+            assert!(
+                check_name(NameKind::Keyspace, bad).is_err(),
+                "{bad:?} accepted"
+            );
         }
         for good in ["data", "temp-1", "snap.offset_7", "ключ", &"x".repeat(128)] {
             check_name(NameKind::Keyspace, good).unwrap();

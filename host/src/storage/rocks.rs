@@ -8,8 +8,14 @@
 //! and RocksDB's own when a memtable fills) cut all column families at one
 //! sequence number, which gives the prefix guarantee stated in `mod.rs`.
 
-use super::{check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result, StorageError, StoreStorage};
-use rocksdb::{checkpoint::Checkpoint, BoundColumnFamily, FlushOptions, Options, ReadOptions, WriteBatch, WriteOptions};
+use super::{
+    check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result,
+    StorageError, StoreStorage,
+};
+use rocksdb::{
+    checkpoint::Checkpoint, BoundColumnFamily, FlushOptions, Options, ReadOptions, WriteBatch,
+    WriteOptions,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -43,20 +49,34 @@ impl RocksBackend {
     /// Opens (creating) the database under `dir/db`. A second process on
     /// the same directory is refused by RocksDB's lock file.
     pub fn open(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StorageError::Io(format!("cannot create state directory {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StorageError::Io(format!(
+                "cannot create state directory {}: {e}",
+                dir.display()
+            ))
+        })?;
         let path = dir.join("db");
         let opts = db_options();
-        let cfs = if path.join("CURRENT").exists() { Db::list_cf(&opts, &path)? } else { vec!["default".into()] };
+        let cfs = if path.join("CURRENT").exists() {
+            Db::list_cf(&opts, &path)?
+        } else {
+            vec!["default".into()]
+        };
         let db = Db::open_cf(&opts, &path, &cfs).map_err(|e| {
             let msg = e.into_string();
             if msg.contains("lock") || msg.contains("LOCK") {
-                StorageError::Io(format!("state directory {} is in use by another process ({msg})", dir.display()))
+                StorageError::Io(format!(
+                    "state directory {} is in use by another process ({msg})",
+                    dir.display()
+                ))
             } else {
                 StorageError::Io(format!("cannot open RocksDB in {}: {msg}", path.display()))
             }
         })?;
-        Ok(Self { db: Arc::new(db), dir: dir.to_path_buf() })
+        Ok(Self {
+            db: Arc::new(db),
+            dir: dir.to_path_buf(),
+        })
     }
 }
 
@@ -64,7 +84,12 @@ impl Backend for RocksBackend {
     fn open_store(&self, store: &str) -> Result<Box<dyn StoreStorage>> {
         check_name(NameKind::Store, store)?;
         let snapshots = self.dir.join("snapshots").join(store);
-        Ok(Box::new(RocksStore { db: self.db.clone(), prefix: format!("{store}:"), cfs: Vec::new(), snapshots }))
+        Ok(Box::new(RocksStore {
+            db: self.db.clone(),
+            prefix: format!("{store}:"),
+            cfs: Vec::new(),
+            snapshots,
+        }))
     }
 
     fn kind(&self) -> &'static str {
@@ -84,7 +109,9 @@ struct RocksStore {
 impl RocksStore {
     fn cf(&self, ks: KeyspaceId) -> Arc<BoundColumnFamily<'_>> {
         let name = &self.cfs[ks.0 as usize];
-        self.db.cf_handle(name).expect("an opened keyspace's column family exists")
+        self.db
+            .cf_handle(name)
+            .expect("an opened keyspace's column family exists")
     }
 
     /// Every column family of the database (flushes must cut them all).
@@ -93,7 +120,8 @@ impl RocksStore {
         let handles: Vec<_> = names.iter().filter_map(|n| self.db.cf_handle(n)).collect();
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
-        self.db.flush_cfs_opt(&handles.iter().collect::<Vec<_>>(), &fo)?;
+        self.db
+            .flush_cfs_opt(&handles.iter().collect::<Vec<_>>(), &fo)?;
         Ok(())
     }
 
@@ -118,7 +146,9 @@ impl RocksStore {
 
     /// Finishes a snapshot replacement a crash interrupted (see `create_snapshot`).
     fn settle_snapshots(&self) -> Result<()> {
-        let Ok(entries) = std::fs::read_dir(&self.snapshots) else { return Ok(()) };
+        let Ok(entries) = std::fs::read_dir(&self.snapshots) else {
+            return Ok(());
+        };
         for entry in entries {
             let path = entry?.path();
             let name = path.file_name().unwrap().to_string_lossy().to_string();
@@ -166,7 +196,11 @@ impl StoreStorage for RocksStore {
 
     fn keyspaces(&self) -> Result<Vec<String>> {
         let names = Db::list_cf(&db_options(), self.db.path())?;
-        Ok(names.iter().filter_map(|n| n.strip_prefix(&self.prefix)).map(str::to_string).collect())
+        Ok(names
+            .iter()
+            .filter_map(|n| n.strip_prefix(&self.prefix))
+            .map(str::to_string)
+            .collect())
     }
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -190,7 +224,12 @@ impl StoreStorage for RocksStore {
         Ok(self.db.delete_cf_opt(&self.cf(ks), key, &no_wal())?)
     }
 
-    fn scan(&self, ks: KeyspaceId, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Box<dyn Cursor>> {
+    fn scan(
+        &self,
+        ks: KeyspaceId,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+    ) -> Result<Box<dyn Cursor>> {
         if let (Some(s), Some(e)) = (start, end) {
             check_range(s, e)?;
         }
@@ -206,12 +245,17 @@ impl StoreStorage for RocksStore {
         // SAFETY: the iterator borrows the database, which `RocksCursor`
         // keeps alive through `_db`; fields drop in order, iterator first.
         let iter: RawIter = unsafe { std::mem::transmute(iter) };
-        Ok(Box::new(RocksCursor { iter, _db: self.db.clone() }))
+        Ok(Box::new(RocksCursor {
+            iter,
+            _db: self.db.clone(),
+        }))
     }
 
     fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
         check_range(start, end)?;
-        Ok(self.db.delete_range_cf_opt(&self.cf(ks), start, end, &no_wal())?)
+        Ok(self
+            .db
+            .delete_range_cf_opt(&self.cf(ks), start, end, &no_wal())?)
     }
 
     fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
@@ -312,7 +356,9 @@ impl StoreStorage for RocksStore {
 
     fn list_snapshots(&self) -> Result<Vec<String>> {
         self.settle_snapshots()?;
-        let Ok(entries) = std::fs::read_dir(&self.snapshots) else { return Ok(Vec::new()) };
+        let Ok(entries) = std::fs::read_dir(&self.snapshots) else {
+            return Ok(Vec::new());
+        };
         let mut names = Vec::new();
         for entry in entries {
             names.push(entry?.file_name().to_string_lossy().to_string());

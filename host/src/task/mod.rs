@@ -189,17 +189,29 @@ impl Task {
         if start >= end && from.is_some() {
             return Ok((0, 0));
         }
-        let mut batch: Vec<Record> = Vec::new();
+        // Records with their commit markers, applied in batches.
+        let mut batch: Vec<Replayed> = Vec::new();
+        let mut pending = 0usize;
         let (mut records, mut txns) = (0u64, 0u64);
-        // The last transaction end fully applied: where an early commit may
-        // claim the store stands (replay is idempotent, so a later partial
-        // transaction applied on top is replayed again after a crash).
-        let mut boundary = start;
+        // The end of the last transaction whose records are all applied:
+        // the only offset an early commit may claim. Records applied past it
+        // are harmless (replay writes absolute values and repeats them).
+        let mut safe = start;
         let instance = &mut self.instance;
         let mut flushes = 0u64;
-        let mut flush = |batch: &mut Vec<Record>, boundary: u64| -> Result<()> {
-            apply_with_early_commit(instance, batch, || boundary)?;
-            batch.clear();
+        let mut flush = |batch: &mut Vec<Replayed>, safe: &mut u64| -> Result<()> {
+            let mut run: Vec<Record> = Vec::new();
+            for item in batch.drain(..) {
+                match item {
+                    Replayed::Record(r) => run.push(r),
+                    Replayed::Commit(o) => {
+                        apply_with_early_commit(instance, &run, *safe)?;
+                        run.clear();
+                        *safe = o;
+                    }
+                }
+            }
+            apply_with_early_commit(instance, &run, *safe)?;
             flushes += 1;
             if flushes == 1 {
                 crash::step("during-restore");
@@ -208,22 +220,21 @@ impl Task {
         };
         self.changelog.read_committed(start, &mut |item| {
             match item {
-                Replayed::Record(r) => {
+                Replayed::Record(_) => {
                     records += 1;
-                    batch.push(r);
-                    if batch.len() >= REPLAY_BATCH {
-                        flush(&mut batch, boundary)?;
-                    }
+                    pending += 1;
                 }
-                Replayed::Commit(o) => {
-                    txns += 1;
-                    boundary = o;
-                }
+                Replayed::Commit(_) => txns += 1,
+            }
+            batch.push(item);
+            if pending >= REPLAY_BATCH {
+                flush(&mut batch, &mut safe)?;
+                pending = 0;
             }
             Ok(())
         })?;
         if !batch.is_empty() {
-            flush(&mut batch, boundary)?;
+            flush(&mut batch, &mut safe)?;
         }
         if end > 0 {
             self.instance.commit(end)?;
@@ -249,7 +260,6 @@ impl Task {
         self.input_position = end_position;
         self.stats.records += 1;
         self.pending_records += 1;
-        crash::step("after-write");
         self.maybe_commit()
     }
 
@@ -259,21 +269,36 @@ impl Task {
             return Ok(());
         }
         match apply(&mut self.instance, writes) {
-            Err(e) if e.is_uncommitted_limit() => {
+            Err(Refusal { applied: true, .. }) => {
+                // Part of the record is in the store and none of it in the
+                // changelog: committing now would label those writes as
+                // committed. Stop; recovery will discard them.
+                bail!(
+                    "guest {} refused part of a record's writes with uncommitted-limit after accepting the first \
+                     part; a guest must refuse a record's first write call or none",
+                    self.instance.label()
+                );
+            }
+            Err(Refusal { error: e, .. }) if e.is_uncommitted_limit() => {
                 // The guest holds as much as it may: commit what came before
                 // this record (a record boundary), then it must accept.
                 self.commit()?;
                 self.stats.early_commits += 1;
                 apply(&mut self.instance, writes)
-                    .context("the guest refused a write right after a commit (it must accept when empty)")?;
+                    .map_err(|r| r.error)
+                    .context(
+                    "the guest refused a write right after a commit (it must accept when empty)",
+                )?;
             }
-            other => other?,
+            Err(r) => return Err(r.error.into()),
+            Ok(()) => {}
         }
         for w in writes {
             self.changelog.append(w)?;
         }
         self.stats.writes += writes.len() as u64;
         self.pending_writes += writes.len() as u64;
+        crash::step("after-write");
         Ok(())
     }
 
@@ -318,6 +343,11 @@ impl Task {
         Ok(self.stats)
     }
 
+    /// The most linear memory the guest has held, in bytes.
+    pub fn guest_peak_memory_bytes(&self) -> u64 {
+        self.instance.peak_memory_bytes()
+    }
+
     /// Reads `key` at `isolation`.
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>> {
         Ok(self.instance.get(key, isolation)?)
@@ -341,14 +371,24 @@ fn check_damage(damage: &[Damage], from: u64) -> Result<()> {
     Ok(())
 }
 
+/// A write call the guest refused, and whether earlier calls for the same
+/// writes had already been applied.
+struct Refusal {
+    error: CallError,
+    applied: bool,
+}
+
 /// Applies writes in runs of puts and deletes (one guest call per run).
-fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), CallError> {
+fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal> {
     let mut i = 0;
     while i < writes.len() {
         let put = matches!(writes[i], Record::Put(..));
-        let run = writes[i..].iter().take_while(|w| matches!(w, Record::Put(..)) == put).count();
+        let run = writes[i..]
+            .iter()
+            .take_while(|w| matches!(w, Record::Put(..)) == put)
+            .count();
         let chunk = &writes[i..i + run];
-        if put {
+        let result = if put {
             let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
                 .iter()
                 .map(|w| match w {
@@ -356,31 +396,34 @@ fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), CallErro
                     Record::Delete(_) => unreachable!(),
                 })
                 .collect();
-            instance.put_many(&entries)?;
+            instance.put_many(&entries)
         } else {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|w| w.key().to_vec()).collect();
-            instance.delete_many(&keys)?;
-        }
+            instance.delete_many(&keys)
+        };
+        result.map_err(|error| Refusal {
+            error,
+            applied: i > 0,
+        })?;
         i += run;
     }
     Ok(())
 }
 
-/// `apply` for replay: on the uncommitted limit, commit at the last
-/// transaction boundary and retry, until the batch is in.
-fn apply_with_early_commit(instance: &mut StoreInstance, batch: &[Record], boundary: impl Fn() -> u64) -> Result<()> {
-    let mut rest = batch;
+/// `apply` for replay: on the uncommitted limit, commit at `safe` (the
+/// last transaction fully applied) and go on one record at a time.
+fn apply_with_early_commit(instance: &mut StoreInstance, run: &[Record], safe: u64) -> Result<()> {
+    let mut rest = run;
     while !rest.is_empty() {
-        // Apply one record at a time after a refusal, so progress is certain.
         match apply(instance, rest) {
             Ok(()) => return Ok(()),
-            Err(e) if e.is_uncommitted_limit() => {
-                instance.commit(boundary())?;
+            Err(r) if r.error.is_uncommitted_limit() => {
+                instance.commit(safe)?;
                 let (first, tail) = rest.split_at(1);
-                apply(instance, first)?;
+                apply(instance, first).map_err(|r| r.error)?;
                 rest = tail;
             }
-            Err(e) => return Err(e.into()),
+            Err(r) => return Err(r.error.into()),
         }
     }
     Ok(())

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 pub trait Processor: Send {
     /// The writes for input record `line` (without its newline).
-    fn process(&mut self, line: &[u8], store: &mut StoreInstance) -> Result<Vec<Record>, CallError>;
+    fn process(&mut self, line: &[u8], store: &mut StoreInstance)
+        -> Result<Vec<Record>, CallError>;
 }
 
 pub fn new(kind: ProcessorKind) -> Box<dyn Processor> {
@@ -23,7 +24,11 @@ pub fn new(kind: ProcessorKind) -> Box<dyn Processor> {
 pub struct Kv;
 
 impl Processor for Kv {
-    fn process(&mut self, line: &[u8], _store: &mut StoreInstance) -> Result<Vec<Record>, CallError> {
+    fn process(
+        &mut self,
+        line: &[u8],
+        _store: &mut StoreInstance,
+    ) -> Result<Vec<Record>, CallError> {
         Ok(vec![match line.iter().position(|&b| b == b'\t') {
             Some(i) => Record::Put(line[..i].to_vec(), line[i + 1..].to_vec()),
             None => Record::Delete(line.to_vec()),
@@ -38,11 +43,17 @@ pub struct WordCount;
 
 /// The words of `line`, as `word_count` defines them.
 pub fn words(line: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    line.split(|b| !b.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).map(|w| w.to_ascii_lowercase())
+    line.split(|b| !b.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.to_ascii_lowercase())
 }
 
 impl Processor for WordCount {
-    fn process(&mut self, line: &[u8], store: &mut StoreInstance) -> Result<Vec<Record>, CallError> {
+    fn process(
+        &mut self,
+        line: &[u8],
+        store: &mut StoreInstance,
+    ) -> Result<Vec<Record>, CallError> {
         let mut counts: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
         for w in words(line) {
             *counts.entry(w).or_default() += 1;
@@ -56,7 +67,9 @@ impl Processor for WordCount {
             .into_iter()
             .zip(current)
             .map(|((word, n), old)| {
-                let old = old.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok()).unwrap_or(0);
+                let old = old
+                    .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
+                    .unwrap_or(0);
                 Record::Put(word, (old + n).to_string().into_bytes())
             })
             .collect())
