@@ -6,7 +6,7 @@ use crate::task::{RecoveryReport, Task};
 use crate::{crash, runtime};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -20,8 +20,10 @@ pub struct Cli {
     #[command(subcommand)]
     command: Command,
     /// End the process abruptly at this crash point (also: TXSTORE_CRASH_AT).
+    /// For `conformance`: the case to rerun, `P` or `P,Q` as its reproducer
+    /// line prints.
     #[arg(long, global = true, value_name = "POINT")]
-    crash_at: Option<crash::CrashPoint>,
+    crash_at: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -78,6 +80,44 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Crash a guest at every instant and check it stays exactly-once.
+    Conformance {
+        /// Built-in names or .wasm paths.
+        guests: Vec<String>,
+        /// Every built-in guest, with more random seeds.
+        #[arg(long)]
+        all: bool,
+        /// The seed explored at every crash point.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Further seeds, each crashed at a few random points.
+        #[arg(long, default_value_t = 4)]
+        seeds: u64,
+        /// Steps per workload.
+        #[arg(long, default_value_t = 200)]
+        ops: usize,
+        /// Most crash points per protocol step and for commit calls.
+        #[arg(long, default_value_t = 64)]
+        max_points: usize,
+        /// Child processes run at once.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Also write the report as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
+    /// One conformance run in this process (started by `conformance`).
+    #[command(hide = true)]
+    ConformanceChild {
+        #[arg(long)]
+        guest: String,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        ops: usize,
+    },
     /// Show a guest's world, version and whether it is transactional.
     Inspect {
         /// A built-in name or a .wasm path.
@@ -133,8 +173,54 @@ fn open(config_path: &PathBuf) -> Result<(Task, RecoveryReport)> {
 }
 
 pub fn main(cli: Cli) -> Result<()> {
-    crash::arm(cli.crash_at).map_err(anyhow::Error::msg)?;
+    if let Command::Conformance {
+        guests,
+        all,
+        seed,
+        seeds,
+        ops,
+        max_points,
+        workers,
+        json,
+    } = cli.command
+    {
+        let mut guests = guests;
+        if all {
+            guests.extend(txstore_artifacts::names().map(str::to_string));
+        }
+        let random_seeds = if all { seeds.max(16) } else { seeds };
+        let opts = crate::conformance::Options {
+            guests,
+            seed,
+            random_seeds,
+            ops,
+            max_points,
+            workers,
+            only: cli.crash_at,
+            progress: std::io::stderr().is_terminal(),
+            ..Default::default()
+        };
+        return conformance(&opts, json);
+    }
+    let point = cli
+        .crash_at
+        .map(|p| p.parse::<crash::Armed>())
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    crash::arm(point).map_err(anyhow::Error::msg)?;
     match cli.command {
+        Command::Conformance { .. } => unreachable!("handled above"),
+        Command::ConformanceChild {
+            guest,
+            dir,
+            seed,
+            ops,
+        } => {
+            let runtime = Runtime::new(crate::config::default_cache_dir())?;
+            std::process::exit(crate::conformance::child_main(
+                &runtime, &guest, &dir, seed, ops,
+            ));
+        }
         Command::Run {
             config,
             input,
@@ -217,6 +303,35 @@ pub fn main(cli: Cli) -> Result<()> {
         }
         Command::Inspect { guest } => inspect(&guest),
     }
+}
+
+fn conformance(opts: &crate::conformance::Options, json: Option<PathBuf>) -> Result<()> {
+    if opts.guests.is_empty() {
+        anyhow::bail!("name at least one guest (a built-in name or a .wasm path), or pass --all");
+    }
+    let runtime = Runtime::new(crate::config::default_cache_dir())?;
+    let started = Instant::now();
+    let reports = crate::conformance::run(&runtime, opts)?;
+    print!("{}", crate::conformance::render(&reports));
+    println!(
+        "
+{} guests in {:.1} s",
+        reports.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&reports)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| r.guest.as_str())
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!("conformance failed for {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 fn print_recovery(r: &RecoveryReport) {

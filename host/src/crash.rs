@@ -8,9 +8,15 @@
 //! - `commit-call:N` / `recover-call:N`: just before the N-th storage call
 //!   the guest makes inside `commit` / `recover` (counted over the whole
 //!   process, from 1).
+//!
+//! By default the abort loses what a machine crash loses: every write not
+//! yet synced. A point ending in `+flush` first flushes every write the
+//! storage holds, then aborts: the other end of the durability model (a
+//! crash may keep any prefix of the write history, synced or not), which
+//! shows uncommitted writes a strategy failed to undo.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// The protocol steps, in the order one commit reaches them.
 pub const STEPS: &[&str] = &[
@@ -79,14 +85,71 @@ impl std::fmt::Display for CrashPoint {
     }
 }
 
-static ARMED: OnceLock<Option<CrashPoint>> = OnceLock::new();
+/// A crash point as armed: where, and whether to flush before aborting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Armed {
+    pub point: CrashPoint,
+    pub flush: bool,
+}
+
+impl std::str::FromStr for Armed {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_suffix("+flush") {
+            Some(p) => Ok(Armed {
+                point: p.parse()?,
+                flush: true,
+            }),
+            None => Ok(Armed {
+                point: s.parse()?,
+                flush: false,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Armed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{}",
+            self.point,
+            if self.flush { "+flush" } else { "" }
+        )
+    }
+}
+
+type FlushHook = Box<dyn Fn() + Send + Sync>;
+
+/// What a `+flush` crash runs before aborting (the open storage's flush).
+static FLUSH_HOOKS: Mutex<Vec<FlushHook>> = Mutex::new(Vec::new());
+
+/// Registers `flush` to run before a `+flush` crash. Only kept when such a
+/// point is armed, so normal runs pay nothing.
+pub fn on_flush_crash(flush: FlushHook) {
+    if ARMED
+        .get()
+        .and_then(Option::as_ref)
+        .is_some_and(|a| a.flush)
+    {
+        FLUSH_HOOKS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(flush);
+    }
+}
+
+static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
 static STEP_HITS: AtomicU64 = AtomicU64::new(0);
+/// Times each step in [`STEPS`] was reached, armed or not.
+static STEP_COUNTS: [AtomicU64; STEPS.len()] = [const { AtomicU64::new(0) }; STEPS.len()];
 static COMMIT_CALLS: AtomicU64 = AtomicU64::new(0);
 static RECOVER_CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// Arms `point` for this process (first call wins). `None` reads the
 /// environment variable.
-pub fn arm(point: Option<CrashPoint>) -> Result<(), String> {
+pub fn arm(point: Option<Armed>) -> Result<(), String> {
     let point = match point {
         Some(p) => Some(p),
         None => match std::env::var(ENV) {
@@ -99,17 +162,26 @@ pub fn arm(point: Option<CrashPoint>) -> Result<(), String> {
 }
 
 fn armed() -> Option<&'static CrashPoint> {
-    ARMED.get().and_then(Option::as_ref)
+    ARMED.get().and_then(Option::as_ref).map(|a| &a.point)
 }
 
 fn crash(point: &CrashPoint) -> ! {
-    eprintln!("txstore: crash point {point} reached: aborting");
+    let hooks = FLUSH_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    if !hooks.is_empty() {
+        eprintln!("txstore: crash point {point} reached: flushing every write, then aborting");
+        for flush in hooks.iter() {
+            flush();
+        }
+    } else {
+        eprintln!("txstore: crash point {point} reached: aborting");
+    }
     std::process::abort()
 }
 
 /// Marks protocol step `name`; aborts if it is the armed point.
 pub fn step(name: &'static str) {
-    debug_assert!(STEPS.contains(&name), "unknown step {name}");
+    let index = STEPS.iter().position(|s| *s == name).expect("unknown step");
+    STEP_COUNTS[index].fetch_add(1, Ordering::Relaxed);
     if let Some(
         p @ CrashPoint::Step {
             name: armed,
@@ -144,6 +216,15 @@ pub fn storage_call(phase: Phase) -> u64 {
         (Some(p @ CrashPoint::RecoverCall(k)), Phase::Recover) if *k == n => crash(p),
         _ => n,
     }
+}
+
+/// Times each protocol step was reached so far, in [`STEPS`] order.
+pub fn step_counts() -> Vec<(&'static str, u64)> {
+    STEPS
+        .iter()
+        .zip(&STEP_COUNTS)
+        .map(|(s, c)| (*s, c.load(Ordering::Relaxed)))
+        .collect()
 }
 
 /// Storage calls counted so far inside `commit` and inside `recover`.

@@ -8,12 +8,14 @@
 //! - [`checkpoint`]: the atomically written checkpoint file;
 //! - [`task`]: the exactly-once commit protocol and start-up recovery;
 //! - [`crash`]: named crash points for crash tests;
+//! - [`conformance`]: the suite that crashes a guest everywhere and checks it;
 //! - [`config`] and [`cli`]: the TOML configuration and the command line.
 
 pub mod changelog;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod conformance;
 pub mod crash;
 pub mod runtime;
 pub mod storage;

@@ -3,6 +3,7 @@
 
 mod cli;
 mod common;
+mod conformance;
 mod kv;
 mod protocol;
 mod strategies;

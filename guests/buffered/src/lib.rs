@@ -5,7 +5,7 @@
 //! Past `max_uncommitted_bytes` a write is refused with `uncommitted-limit`
 //! and the host commits early.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use txstore_guest_kit::{
     bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry,
     Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
@@ -46,16 +46,20 @@ impl Store {
     /// Buffers `writes` if they fit (all or nothing).
     fn buffer(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
         self.usable()?;
-        // Check with an upper bound (a key repeated in the batch counts twice)...
+        // The exact size after the batch, a key repeated in it counted once.
         let mut next = self.bytes;
+        let mut batch_cost: HashMap<&[u8], u64> = HashMap::new();
         for (k, v) in &writes {
-            next += cost(k, v);
-            next -= self.buffer.get(k).map_or(0, |old| cost(k, old));
+            let old = match batch_cost.get(k.as_slice()) {
+                Some(c) => *c,
+                None => self.buffer.get(k).map_or(0, |old| cost(k, old)),
+            };
+            next = next - old + cost(k, v);
+            batch_cost.insert(k, cost(k, v));
         }
         if !self.buffer.is_empty() && next > self.limit {
             return Err(Error::UncommittedLimit(self.limit));
         }
-        // ...then count exactly while inserting.
         for (k, v) in writes {
             self.bytes += cost(&k, &v);
             if let Some(old) = self.buffer.get(&k) {

@@ -118,6 +118,7 @@ pub struct LoadInfo {
 }
 
 /// A compiled, linked guest ready to instantiate.
+#[derive(Clone)]
 pub struct GuestComponent {
     pub label: String,
     pre: bindings::StorePre<GuestState>,

@@ -73,11 +73,28 @@ impl RocksBackend {
                 StorageError::Io(format!("cannot open RocksDB in {}: {msg}", path.display()))
             }
         })?;
+        let db = Arc::new(db);
+        let weak = Arc::downgrade(&db);
+        crate::crash::on_flush_crash(Box::new(move || {
+            if let Some(db) = weak.upgrade() {
+                let _ = flush_db(&db);
+            }
+        }));
         Ok(Self {
-            db: Arc::new(db),
+            db,
             dir: dir.to_path_buf(),
         })
     }
+}
+
+/// Flushes every column family of `db` at one point (atomic flush).
+fn flush_db(db: &Db) -> Result<()> {
+    let names = Db::list_cf(&db_options(), db.path())?;
+    let handles: Vec<_> = names.iter().filter_map(|n| db.cf_handle(n)).collect();
+    let mut fo = FlushOptions::default();
+    fo.set_wait(true);
+    db.flush_cfs_opt(&handles.iter().collect::<Vec<_>>(), &fo)?;
+    Ok(())
 }
 
 impl Backend for RocksBackend {
@@ -116,13 +133,7 @@ impl RocksStore {
 
     /// Every column family of the database (flushes must cut them all).
     fn flush_all(&self) -> Result<()> {
-        let names = Db::list_cf(&db_options(), self.db.path())?;
-        let handles: Vec<_> = names.iter().filter_map(|n| self.db.cf_handle(n)).collect();
-        let mut fo = FlushOptions::default();
-        fo.set_wait(true);
-        self.db
-            .flush_cfs_opt(&handles.iter().collect::<Vec<_>>(), &fo)?;
-        Ok(())
+        flush_db(&self.db)
     }
 
     /// Removes every key of `cf` without knowing the key space: one range

@@ -252,15 +252,27 @@ impl Task {
         self.input_position
     }
 
+    /// Ends one input record whose writes went through [`Task::write`]:
+    /// the input is consumed up to `position`, and the task commits when the
+    /// interval or the uncommitted limit says so.
+    pub fn end_record(&mut self, position: u64) -> Result<()> {
+        self.input_position = position;
+        self.stats.records += 1;
+        self.pending_records += 1;
+        self.maybe_commit()
+    }
+
+    /// The input position of the last committed transaction.
+    pub fn committed_input_position(&self) -> u64 {
+        self.changelog.last_commit().map_or(0, |c| c.input_position)
+    }
+
     /// Processes one input record ending at input position `end_position`,
     /// committing when the interval or the uncommitted limit says so.
     pub fn process(&mut self, line: &[u8], end_position: u64) -> Result<()> {
         let writes = self.processor.process(line, &mut self.instance)?;
         self.write(&writes)?;
-        self.input_position = end_position;
-        self.stats.records += 1;
-        self.pending_records += 1;
-        self.maybe_commit()
+        self.end_record(end_position)
     }
 
     /// Applies `writes` to the store and the changelog's open transaction.

@@ -1,0 +1,256 @@
+//! One run of a workload in this process: open the store (recovery and
+//! replay), check the recovered state against the model, then carry on with
+//! the remaining steps, checking every read, and close. The explorer starts
+//! this as a child process (`txstore conformance-child`) so that a crash
+//! point can end it with `abort()`.
+
+use super::workload::{self, Model, Step};
+use crate::config::{Config, Guarantee};
+use crate::crash;
+use crate::runtime::{Isolation, Runtime};
+use crate::task::Task;
+use std::path::Path;
+
+/// The conformance task commits early past this many uncommitted bytes, so
+/// the workload's large values exercise early commits.
+pub const UNCOMMITTED_MAX_BYTES: u64 = 24 << 10;
+
+/// Exit code of a child that found a violation (an abort is SIGABRT).
+pub const VIOLATION_EXIT: i32 = 3;
+
+/// A broken promise, named so that reports can be grouped by property.
+#[derive(Debug)]
+pub struct Violation {
+    pub property: &'static str,
+    pub detail: String,
+}
+
+fn violation(property: &'static str, detail: impl Into<String>) -> Violation {
+    Violation {
+        property,
+        detail: detail.into(),
+    }
+}
+
+/// What a finished run saw, for the explorer to plan crash points.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Summary {
+    /// Steps done before this run (the committed input position).
+    pub resumed_at: usize,
+    pub recovery_action: String,
+    pub replayed_records: u64,
+    /// Storage calls inside `commit` and inside `recover`.
+    pub commit_calls: u64,
+    pub recover_calls: u64,
+    /// Times each protocol step was reached.
+    pub steps: Vec<(String, u64)>,
+}
+
+/// The task configuration every conformance run uses.
+pub fn config(guest: &str, dir: &Path) -> Config {
+    let mut config = Config::new(guest, dir);
+    config.task.guarantee = Guarantee::ExactlyOnce;
+    // Commits come from the workload and from the uncommitted limit only.
+    config.task.commit_interval_records = u64::MAX;
+    config.task.commit_interval_ms = u64::MAX;
+    config.task.uncommitted_max_bytes = UNCOMMITTED_MAX_BYTES;
+    config
+}
+
+fn show(entries: &[(Vec<u8>, Vec<u8>)]) -> String {
+    let keys: Vec<String> = entries
+        .iter()
+        .take(8)
+        .map(|(k, _)| crate::cli::escape(k))
+        .collect();
+    format!(
+        "{} entries [{}{}]",
+        entries.len(),
+        keys.join(", "),
+        if entries.len() > 8 { ", ..." } else { "" }
+    )
+}
+
+/// The first difference between what the store returned and the model.
+fn diff(got: &[(Vec<u8>, Vec<u8>)], want: &[(Vec<u8>, Vec<u8>)]) -> Option<String> {
+    if got == want {
+        return None;
+    }
+    for (i, w) in want.iter().enumerate() {
+        match got.get(i) {
+            Some(g) if g == w => continue,
+            Some(g) if g.0 == w.0 => {
+                return Some(format!(
+                    "key {} has the wrong value",
+                    crate::cli::escape(&w.0)
+                ))
+            }
+            Some(g) if g.0 < w.0 => {
+                return Some(format!(
+                    "key {} should not be there",
+                    crate::cli::escape(&g.0)
+                ))
+            }
+            _ => return Some(format!("key {} is missing", crate::cli::escape(&w.0))),
+        }
+    }
+    let extra = &got[want.len()];
+    Some(format!(
+        "key {} should not be there (store: {}, model: {})",
+        crate::cli::escape(&extra.0),
+        show(got),
+        show(want)
+    ))
+}
+
+/// Runs `steps` on the store in `dir` from wherever its changelog says it
+/// stands. Returns what it saw, or the first violation.
+pub fn run(
+    runtime: &Runtime,
+    guest: &str,
+    dir: &Path,
+    steps: &[Step],
+) -> Result<Summary, Violation> {
+    let config = config(guest, dir);
+    let (mut task, report) = Task::open(&config, runtime)
+        .map_err(|e| violation("recovery follows the contract", format!("{e:#}")))?;
+    let (_, recover_calls) = crash::call_counts();
+    let done = task.committed_input_position() as usize;
+    if done > steps.len() {
+        return Err(violation(
+            "committed state",
+            format!(
+                "the changelog says {done} steps were committed, of {}",
+                steps.len()
+            ),
+        ));
+    }
+    let committed = workload::model_at(steps, done);
+    let want: Vec<_> = committed
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let read = |task: &mut Task, iso| {
+        task.store()
+            .range_all(None, None, iso)
+            .map_err(|e| violation("no guest errors", e.to_string()))
+    };
+    let got = read(&mut task, Isolation::ReadCommitted)?;
+    if let Some(d) = diff(&got, &want) {
+        return Err(violation(
+            "committed state after recovery",
+            format!(
+                "after {} (replayed {} records) at step {done}: {d}",
+                report.action, report.replayed_records
+            ),
+        ));
+    }
+    let got = read(&mut task, Isolation::ReadUncommitted)?;
+    if let Some(d) = diff(&got, &want) {
+        return Err(violation(
+            "nothing uncommitted visible after recovery",
+            format!("at step {done}, read-uncommitted: {d}"),
+        ));
+    }
+    execute(&mut task, steps, done, committed, report.transactional)?;
+    task.close()
+        .map_err(|e| violation("no guest errors", format!("close: {e:#}")))?;
+    let (commit_calls, _) = crash::call_counts();
+    Ok(Summary {
+        resumed_at: done,
+        recovery_action: report.action,
+        replayed_records: report.replayed_records,
+        commit_calls,
+        recover_calls,
+        steps: crash::step_counts()
+            .into_iter()
+            .map(|(s, n)| (s.to_string(), n))
+            .collect(),
+    })
+}
+
+/// Runs steps `from..`, checking reads against the live and committed models.
+fn execute(
+    task: &mut Task,
+    steps: &[Step],
+    from: usize,
+    mut committed: Model,
+    transactional: bool,
+) -> Result<(), Violation> {
+    let guest_error = |e: anyhow::Error| violation("no guest errors", format!("{e:#}"));
+    let mut live = committed.clone();
+    let mut committed_at = from;
+    for (i, step) in steps.iter().enumerate().skip(from) {
+        // A store that is not transactional has no committed view to check.
+        let unchecked = |iso: &Isolation| *iso == Isolation::ReadCommitted && !transactional;
+        match step {
+            Step::Read(_, iso) | Step::Range(_, _, iso) if unchecked(iso) => {}
+            Step::Write(records) => {
+                task.write(records).map_err(guest_error)?;
+                workload::apply(&mut live, records);
+                task.end_record(i as u64 + 1).map_err(guest_error)?;
+            }
+            Step::Commit => task.commit().map_err(guest_error)?,
+            Step::Read(key, iso) => {
+                let got = task.get(key, *iso).map_err(guest_error)?;
+                let model = if *iso == Isolation::ReadCommitted {
+                    &committed
+                } else {
+                    &live
+                };
+                if got.as_ref() != model.get(key) {
+                    return Err(violation(
+                        property(*iso),
+                        format!(
+                            "step {i}: get {} returned {:?}, expected {:?}",
+                            crate::cli::escape(key),
+                            got.map(|v| v.len()),
+                            model.get(key).map(Vec::len)
+                        ),
+                    ));
+                }
+            }
+            Step::Range(start, end, iso) => {
+                let got = task
+                    .store()
+                    .range_all(start.as_deref(), end.as_deref(), *iso)
+                    .map_err(|e| guest_error(e.into()))?;
+                let model = if *iso == Isolation::ReadCommitted {
+                    &committed
+                } else {
+                    &live
+                };
+                let want = workload::range(model, start.as_deref(), end.as_deref());
+                if let Some(d) = diff(&got, &want) {
+                    return Err(violation(property(*iso), format!("step {i}: range: {d}")));
+                }
+            }
+        }
+        // A commit (explicit or early) moves the committed model.
+        let now = task.committed_input_position() as usize;
+        if now != committed_at {
+            committed_at = now;
+            committed = workload::model_at(steps, now);
+        }
+        if now == i + 1 && matches!(step, Step::Commit) {
+            let left = task
+                .store()
+                .approximate_uncommitted_bytes()
+                .map_err(|e| guest_error(e.into()))?;
+            if left != 0 {
+                return Err(violation(
+                    "approximate-uncommitted-bytes is zero after commit",
+                    format!("step {i}: {left} bytes"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn property(iso: Isolation) -> &'static str {
+    match iso {
+        Isolation::ReadCommitted => "read-committed sees only committed data",
+        Isolation::ReadUncommitted => "read-uncommitted sees the open transaction",
+    }
+}

@@ -1,0 +1,141 @@
+//! The conformance suite accepts every built-in guest and rejects each
+//! planted bug (tests/planted, one cargo feature per bug) with the property
+//! it breaks and a reproducer line that shows it again.
+
+use crate::common::{stderr, stdout, txstore};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// A bounded run for CI: a short workload, a few points per step.
+const QUICK: &[&str] = &["--ops", "80", "--seeds", "1", "--max-points", "12"];
+
+/// Builds the planted guest with `feature` (none: the correct control)
+/// for wasm32-wasip2, outside the host's build, as a guest author would.
+fn planted(feature: Option<&str>) -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _one_build_at_a_time = LOCK.lock().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/planted");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("planted");
+    let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+    cmd.args([
+        "build",
+        "--quiet",
+        "--release",
+        "--target",
+        "wasm32-wasip2",
+        "--manifest-path",
+    ])
+    .arg(root.join("Cargo.toml"))
+    .env("CARGO_TARGET_DIR", &target)
+    .env_remove("RUSTFLAGS")
+    .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    if let Some(f) = feature {
+        cmd.args(["--features", f]);
+    }
+    let out = cmd.output().expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building planted guest {feature:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target.join("wasm32-wasip2/release/planted.wasm");
+    let named = target.join(format!("planted-{}.wasm", feature.unwrap_or("correct")));
+    std::fs::copy(built, &named).unwrap();
+    named
+}
+
+/// Runs the suite; returns (success, report JSON, text output).
+fn conformance(guests: &[&str], extra: &[&str]) -> (bool, serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let mut args = vec!["conformance"];
+    args.extend(guests);
+    args.extend(extra);
+    args.extend(["--json", json.to_str().unwrap()]);
+    let out = txstore(&args);
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    let report = std::fs::read_to_string(&json)
+        .map(|s| serde_json::from_str(&s).unwrap())
+        .unwrap_or_default();
+    (out.status.success(), report, text)
+}
+
+#[test]
+fn every_builtin_guest_passes() {
+    let guests = ["wipe-on-crash", "roll-forward", "roll-back", "buffered"];
+    let (ok, report, text) = conformance(&guests, QUICK);
+    assert!(ok, "{text}");
+    for g in report.as_array().unwrap() {
+        assert_eq!(g["failures"].as_array().unwrap().len(), 0, "{text}");
+        assert!(
+            g["crash_points"].as_u64().unwrap() >= 20,
+            "{}: too few crash points\n{text}",
+            g["guest"]
+        );
+    }
+}
+
+#[test]
+fn the_correct_planted_guest_passes() {
+    let wasm = planted(None);
+    let (ok, _, text) = conformance(&[wasm.to_str().unwrap()], QUICK);
+    assert!(ok, "the control guest (no bug) must pass:\n{text}");
+}
+
+/// Each bug is rejected with the property it breaks, and the first failure's
+/// reproducer line fails again the same way.
+fn rejected(feature: &str, property: &str) {
+    let wasm = planted(Some(feature));
+    let (ok, report, text) = conformance(&[wasm.to_str().unwrap()], QUICK);
+    assert!(!ok, "{feature} was accepted:\n{text}");
+    let failures = report[0]["failures"].as_array().unwrap();
+    let hit = failures
+        .iter()
+        .find(|f| f["property"].as_str().unwrap().contains(property))
+        .unwrap_or_else(|| panic!("{feature}: no failure names `{property}`:\n{text}"));
+    let line = hit["reproducer"].as_str().unwrap();
+    assert!(text.contains("reproduce: txstore conformance"), "{text}");
+    // `txstore conformance <wasm> --seed S [--crash-at P]`
+    let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+    let (again, _, again_text) = conformance(&args[1..2], &args[2..]);
+    assert!(
+        !again,
+        "{feature}: the reproducer `{line}` passed:\n{again_text}"
+    );
+    assert!(
+        again_text.contains(property),
+        "{feature}: `{line}` failed otherwise:\n{again_text}"
+    );
+}
+
+#[test]
+fn rejects_a_store_that_commits_before_the_changelog() {
+    rejected("eager-store", "committed");
+}
+
+#[test]
+fn rejects_a_temporary_keyspace_left_behind() {
+    rejected("keeps-temp", "nothing uncommitted visible after recovery");
+}
+
+#[test]
+fn rejects_a_wipe_that_returns_the_checkpoint() {
+    rejected("wipe-keeps-checkpoint", "committed state after recovery");
+}
+
+#[test]
+fn rejects_read_committed_that_sees_uncommitted_writes() {
+    rejected(
+        "leaky-read-committed",
+        "read-committed sees only committed data",
+    );
+}
+
+#[test]
+fn rejects_recovery_that_is_not_idempotent() {
+    rejected(
+        "non-idempotent-recovery",
+        "committed state after recovery (after a crash at commit-call",
+    );
+}

@@ -1,0 +1,309 @@
+//! A small roll-forward store (temporary keyspace, marker, copy, clear)
+//! with switchable bugs; without features it is correct, and the tests
+//! check that the conformance suite accepts it so.
+
+wit_bindgen::generate!({ path: "../../wit", world: "store" });
+
+use exports::txstore::store::state_store::{Guest, Isolation, Recovery, RecoveryAction};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use txstore::store::storage::{self, Keyspace, KeyspaceOps, Op};
+use txstore::store::types::{Entry, Error};
+
+struct Store {
+    main: Keyspace,
+    temp: Keyspace,
+    meta: Keyspace,
+    uncommitted: u64,
+}
+
+thread_local! {
+    static STORE: RefCell<Option<Store>> = const { RefCell::new(None) };
+}
+
+fn with<R>(f: impl FnOnce(&mut Store) -> Result<R, Error>) -> Result<R, Error> {
+    STORE.with(|s| match s.borrow_mut().as_mut() {
+        Some(s) => f(s),
+        None => Err(Error::Other("init was not called".into())),
+    })
+}
+
+/// Writes go to main, synced: durable before the changelog commits them.
+const BUGGY_WRITES: bool = cfg!(feature = "eager-store");
+
+fn offset(meta: &Keyspace, key: &[u8]) -> Result<Option<u64>, Error> {
+    Ok(meta
+        .get(key)?
+        .map(|v| u64::from_be_bytes(v.try_into().unwrap_or([0; 8]))))
+}
+
+fn all(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Vec<Entry>, Error> {
+    let cursor = ks.scan(start, end)?;
+    let mut out = Vec::new();
+    loop {
+        let batch = cursor.next(1024)?;
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        out.extend(batch);
+    }
+}
+
+/// Copies the temporary keyspace into main (tag 1 = put, 0 = delete).
+fn copy(s: &Store) -> Result<(), Error> {
+    let ops: Vec<Op> = all(&s.temp, None, None)?
+        .into_iter()
+        .map(|e| match e.value.split_first() {
+            Some((1, v)) => Op::Put(Entry {
+                key: e.key,
+                value: v.to_vec(),
+            }),
+            _ => Op::Delete(e.key),
+        })
+        .collect();
+    storage::write(
+        &[KeyspaceOps {
+            keyspace: &s.main,
+            ops,
+        }],
+        true,
+    )
+}
+
+fn finish(s: &Store, o: u64) -> Result<(), Error> {
+    let ops = vec![
+        Op::Put(Entry {
+            key: b"offset".to_vec(),
+            value: o.to_be_bytes().to_vec(),
+        }),
+        Op::Delete(b"marker".to_vec()),
+    ];
+    storage::write(
+        &[KeyspaceOps {
+            keyspace: &s.meta,
+            ops,
+        }],
+        true,
+    )
+}
+
+fn clear_temp(s: &Store) -> Result<(), Error> {
+    if cfg!(feature = "keeps-temp") {
+        return Ok(());
+    }
+    storage::write(
+        &[KeyspaceOps {
+            keyspace: &s.temp,
+            ops: vec![Op::Clear],
+        }],
+        true,
+    )
+}
+
+fn read(s: &Store, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+    let see_temp =
+        isolation == Isolation::ReadUncommitted || cfg!(feature = "leaky-read-committed");
+    if see_temp && !BUGGY_WRITES {
+        if let Some(v) = s.temp.get(key)? {
+            return Ok(match v.split_first() {
+                Some((1, v)) => Some(v.to_vec()),
+                _ => None,
+            });
+        }
+    }
+    s.main.get(key)
+}
+
+struct Planted;
+
+impl Guest for Planted {
+    fn init(_options: Vec<(String, String)>) -> Result<(), Error> {
+        let store = Store {
+            main: Keyspace::open("main")?,
+            temp: Keyspace::open("temp")?,
+            meta: Keyspace::open("meta")?,
+            uncommitted: 0,
+        };
+        STORE.with(|s| *s.borrow_mut() = Some(store));
+        Ok(())
+    }
+
+    fn transactional() -> bool {
+        !cfg!(feature = "wipe-keeps-checkpoint")
+    }
+
+    fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
+        with(|s| {
+            s.uncommitted = 0;
+            if cfg!(feature = "wipe-keeps-checkpoint") {
+                for ks in [&s.main, &s.temp, &s.meta] {
+                    ks.clear()?;
+                }
+                return Ok(Recovery {
+                    offset: checkpointed,
+                    action: RecoveryAction::Wiped,
+                });
+            }
+            if let Some(marker) = offset(&s.meta, b"marker")? {
+                if cfg!(feature = "non-idempotent-recovery") {
+                    finish(s, marker)?;
+                    copy(s)?;
+                } else {
+                    copy(s)?;
+                    finish(s, marker)?;
+                }
+                clear_temp(s)?;
+                return Ok(Recovery {
+                    offset: Some(marker),
+                    action: RecoveryAction::RolledForward,
+                });
+            }
+            clear_temp(s)?;
+            Ok(Recovery {
+                offset: offset(&s.meta, b"offset")?,
+                action: RecoveryAction::Discarded,
+            })
+        })
+    }
+
+    fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+        with(|s| read(s, &key, isolation))
+    }
+
+    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        with(|s| keys.iter().map(|k| read(s, k, isolation)).collect())
+    }
+
+    fn range(
+        start: Option<Vec<u8>>,
+        end: Option<Vec<u8>>,
+        isolation: Isolation,
+        limit: u32,
+    ) -> Result<Vec<Entry>, Error> {
+        if let (Some(a), Some(b)) = (&start, &end) {
+            if a > b {
+                return Err(Error::InvalidArgument(
+                    "range start is after its end".into(),
+                ));
+            }
+        }
+        with(|s| {
+            let mut view: BTreeMap<Vec<u8>, Vec<u8>> =
+                all(&s.main, start.as_deref(), end.as_deref())?
+                    .into_iter()
+                    .map(|e| (e.key, e.value))
+                    .collect();
+            let see_temp =
+                isolation == Isolation::ReadUncommitted || cfg!(feature = "leaky-read-committed");
+            if see_temp && !BUGGY_WRITES {
+                for e in all(&s.temp, start.as_deref(), end.as_deref())? {
+                    match e.value.split_first() {
+                        Some((1, v)) => view.insert(e.key, v.to_vec()),
+                        _ => view.remove(&e.key),
+                    };
+                }
+            }
+            Ok(view
+                .into_iter()
+                .take(limit as usize)
+                .map(|(key, value)| Entry { key, value })
+                .collect())
+        })
+    }
+
+    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
+        Self::put_many(vec![Entry { key, value }])
+    }
+
+    fn delete(key: Vec<u8>) -> Result<(), Error> {
+        Self::delete_many(vec![key])
+    }
+
+    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
+        with(|s| {
+            s.uncommitted += entries
+                .iter()
+                .map(|e| (e.key.len() + e.value.len()) as u64)
+                .sum::<u64>();
+            if BUGGY_WRITES {
+                let ops = entries.into_iter().map(Op::Put).collect();
+                return storage::write(
+                    &[KeyspaceOps {
+                        keyspace: &s.main,
+                        ops,
+                    }],
+                    true,
+                );
+            }
+            let ops = entries
+                .into_iter()
+                .map(|e| {
+                    Op::Put(Entry {
+                        key: e.key,
+                        value: [&[1u8][..], &e.value].concat(),
+                    })
+                })
+                .collect();
+            storage::write(
+                &[KeyspaceOps {
+                    keyspace: &s.temp,
+                    ops,
+                }],
+                false,
+            )
+        })
+    }
+
+    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
+        with(|s| {
+            s.uncommitted += keys.iter().map(|k| k.len() as u64).sum::<u64>();
+            let (keyspace, ops) = if BUGGY_WRITES {
+                (&s.main, keys.into_iter().map(Op::Delete).collect())
+            } else {
+                (
+                    &s.temp,
+                    keys.into_iter()
+                        .map(|key| {
+                            Op::Put(Entry {
+                                key,
+                                value: vec![0],
+                            })
+                        })
+                        .collect(),
+                )
+            };
+            storage::write(&[KeyspaceOps { keyspace, ops }], BUGGY_WRITES)
+        })
+    }
+
+    fn commit(offset: u64) -> Result<(), Error> {
+        with(|s| {
+            let marker = vec![Op::Put(Entry {
+                key: b"marker".to_vec(),
+                value: offset.to_be_bytes().to_vec(),
+            })];
+            storage::write(
+                &[KeyspaceOps {
+                    keyspace: &s.meta,
+                    ops: marker,
+                }],
+                true,
+            )?;
+            copy(s)?;
+            clear_temp(s)?;
+            finish(s, offset)?;
+            s.uncommitted = 0;
+            Ok(())
+        })
+    }
+
+    fn committed_offset() -> Result<Option<u64>, Error> {
+        with(|s| offset(&s.meta, b"offset"))
+    }
+
+    fn approximate_uncommitted_bytes() -> u64 {
+        STORE.with(|s| s.borrow().as_ref().map_or(0, |s| s.uncommitted))
+    }
+}
+
+export!(Planted);
