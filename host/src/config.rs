@@ -96,6 +96,10 @@ pub struct TaskConfig {
     /// Commit early when the guest holds more uncommitted bytes than this
     /// (Kafka's `statestore.uncommitted.max.bytes`).
     pub uncommitted_max_bytes: u64,
+    /// After a guest trap or limit breach, `txstore run` discards the
+    /// instance and restarts from recovery up to this many times; 0 stops
+    /// with the error.
+    pub restarts_on_guest_failure: u32,
 }
 
 impl Default for TaskConfig {
@@ -107,6 +111,7 @@ impl Default for TaskConfig {
             commit_interval_records: 10_000,
             commit_interval_ms: 100,
             uncommitted_max_bytes: 64 << 20,
+            restarts_on_guest_failure: 0,
         }
     }
 }
@@ -155,12 +160,9 @@ impl Config {
             let msg = e.message().trim().to_string();
             match e.span() {
                 Some(span) => {
-                    let line = text[..span.start.min(text.len())].lines().count().max(1);
-                    let line = if text[..span.start.min(text.len())].ends_with('\n') {
-                        line + 1
-                    } else {
-                        line
-                    };
+                    // Bytes, not str slicing: a span may not fall on a char boundary.
+                    let before = &text.as_bytes()[..span.start.min(text.len())];
+                    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
                     anyhow::anyhow!("{origin}:{line}: {msg}")
                 }
                 None => anyhow::anyhow!("{origin}: {msg}"),
@@ -295,5 +297,25 @@ mod tests {
             c.init_options(),
             vec![("limit".into(), "64".into()), ("mode".into(), "x".into())]
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Any text: a config or one error line with a line number, never a panic.
+        #[test]
+        fn fuzz_parse_never_panics(text in "(\\PC|\n|\\[|\\]|=|\"){0,200}") {
+            if let Err(e) = Config::parse(&text, "f.toml", Path::new(".")) {
+                let msg = format!("{e:#}");
+                proptest::prop_assert!(msg.starts_with("f.toml"), "{}", msg);
+            }
+        }
+
+        /// Real keys with random values: same.
+        #[test]
+        fn fuzz_parse_known_keys(value in "[a-z0-9\"{}=., ]{0,20}", key in proptest::sample::select(vec!["guest", "state_dir", "backend", "name", "options"])) {
+            let text = format!("[store]\n{key} = {value}\n[task]\ncommit_interval_ms = {value}\n");
+            let _ = Config::parse(&text, "f.toml", Path::new("."));
+        }
     }
 }

@@ -9,8 +9,10 @@
 //! - [`task`]: the exactly-once commit protocol and start-up recovery;
 //! - [`crash`]: named crash points for crash tests;
 //! - [`conformance`]: the suite that crashes a guest everywhere and checks it;
+//! - [`bench`]: `txstore bench`, guests against plain RocksDB;
 //! - [`config`] and [`cli`]: the TOML configuration and the command line.
 
+pub mod bench;
 pub mod changelog;
 pub mod checkpoint;
 pub mod cli;

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use txstore::runtime::Runtime;
 
 /// One runtime for the test process, caching compiled guests in a
@@ -66,4 +66,39 @@ pub fn write_config(dir: &Path, guest: &str, extra: &str) -> PathBuf {
     let text = format!("[store]\nguest = {guest:?}\nstate_dir = \"state\"\n{extra}");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// Builds the planted guest with `feature` (none: the correct control)
+/// for wasm32-wasip2, outside the host's build, as a guest author would.
+pub fn planted(feature: Option<&str>) -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _one_build_at_a_time = LOCK.lock().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/planted");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("planted");
+    let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+    cmd.args([
+        "build",
+        "--quiet",
+        "--release",
+        "--target",
+        "wasm32-wasip2",
+        "--manifest-path",
+    ])
+    .arg(root.join("Cargo.toml"))
+    .env("CARGO_TARGET_DIR", &target)
+    .env_remove("RUSTFLAGS")
+    .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    if let Some(f) = feature {
+        cmd.args(["--features", f]);
+    }
+    let out = cmd.output().expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building planted guest {feature:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target.join("wasm32-wasip2/release/planted.wasm");
+    let named = target.join(format!("planted-{}.wasm", feature.unwrap_or("correct")));
+    std::fs::copy(built, &named).unwrap();
+    named
 }

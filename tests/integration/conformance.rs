@@ -2,48 +2,10 @@
 //! planted bug (tests/planted, one cargo feature per bug) with the property
 //! it breaks and a reproducer line that shows it again.
 
-use crate::common::{stderr, stdout, txstore};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Mutex;
+use crate::common::{planted, stderr, stdout, txstore};
 
 /// A bounded run for CI: a short workload, a few points per step.
 const QUICK: &[&str] = &["--ops", "80", "--seeds", "1", "--max-points", "12"];
-
-/// Builds the planted guest with `feature` (none: the correct control)
-/// for wasm32-wasip2, outside the host's build, as a guest author would.
-fn planted(feature: Option<&str>) -> PathBuf {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _one_build_at_a_time = LOCK.lock().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/planted");
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("planted");
-    let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-    cmd.args([
-        "build",
-        "--quiet",
-        "--release",
-        "--target",
-        "wasm32-wasip2",
-        "--manifest-path",
-    ])
-    .arg(root.join("Cargo.toml"))
-    .env("CARGO_TARGET_DIR", &target)
-    .env_remove("RUSTFLAGS")
-    .env_remove("CARGO_ENCODED_RUSTFLAGS");
-    if let Some(f) = feature {
-        cmd.args(["--features", f]);
-    }
-    let out = cmd.output().expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building planted guest {feature:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let built = target.join("wasm32-wasip2/release/planted.wasm");
-    let named = target.join(format!("planted-{}.wasm", feature.unwrap_or("correct")));
-    std::fs::copy(built, &named).unwrap();
-    named
-}
 
 /// Runs the suite; returns (success, report JSON, text output).
 fn conformance(guests: &[&str], extra: &[&str]) -> (bool, serde_json::Value, String) {

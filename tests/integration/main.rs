@@ -6,4 +6,5 @@ mod common;
 mod conformance;
 mod kv;
 mod protocol;
+mod sandbox;
 mod strategies;

@@ -10,7 +10,32 @@ use super::limiter::GuestLimiter;
 use crate::crash::{self, Phase};
 use crate::storage::{Cursor, KeyspaceId, Op, StorageError, StoreStorage, MAX_CURSOR_BATCH};
 use wasmtime::component::{Resource, ResourceTable};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// Bytes of guest stderr kept; writes past it fail in the guest.
+const STDERR_CAPACITY: usize = 16 << 10;
+
+/// A clock that always reads zero.
+struct StoppedClock;
+
+impl wasmtime_wasi::HostWallClock for StoppedClock {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for StoppedClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
 
 /// A keyspace handle held by a guest.
 pub struct KeyspaceRes {
@@ -25,6 +50,8 @@ pub struct CursorRes(Box<dyn Cursor>);
 pub struct GuestState {
     pub(crate) table: ResourceTable,
     pub(crate) wasi: WasiCtx,
+    /// What the guest wrote to stderr (bounded).
+    pub(crate) stderr: MemoryOutputPipe,
     pub(crate) limits: GuestLimiter,
     pub(crate) storage: Box<dyn StoreStorage>,
     pub(crate) store_name: String,
@@ -38,10 +65,20 @@ impl GuestState {
         store_name: String,
         limits: GuestLimiter,
     ) -> Self {
-        // No preopens, no environment, no arguments, stdio to nowhere: the
-        // guest's only way out is the `storage` interface.
-        let wasi = wasmtime_wasi::WasiCtxBuilder::new().build();
+        // No preopens, environment, arguments or network (wasmtime-wasi's
+        // defaults), and clocks stopped at zero: the contract grants no
+        // time, so a guest cannot make its results depend on it. Stderr
+        // goes to a bounded buffer, so a trap can say what the guest said
+        // last (a Rust panic message) without the guest flooding anything.
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+            .wall_clock(StoppedClock)
+            .monotonic_clock(StoppedClock)
+            .allow_ip_name_lookup(false)
+            .stderr(stderr.clone())
+            .build();
         Self {
+            stderr,
             table: ResourceTable::new(),
             wasi,
             limits,

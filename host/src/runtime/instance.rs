@@ -166,7 +166,31 @@ impl StoreInstance {
                     self.limits.memory_mib
                 )
             }
-            _ => format!("guest trapped: {e:#}"),
+            // One line: the trap's kind, not its wasm backtrace, and the
+            // last thing the guest printed (a Rust guest's panic message).
+            Some(trap) => match self.last_stderr_line() {
+                Some(said) => format!("guest trapped ({trap}): {said}"),
+                None => format!("guest trapped: {trap}"),
+            },
+            None => format!(
+                "guest failed: {}",
+                e.to_string().lines().next().unwrap_or("")
+            ),
+        }
+    }
+
+    fn last_stderr_line(&self) -> Option<String> {
+        let bytes = self.store.data().stderr.contents();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        // Rust prints "thread .. panicked at FILE:LINE:" then the message.
+        match lines.iter().rposition(|l| l.contains("panicked at")) {
+            Some(i) => Some(format!("{} {}", lines[i], lines.get(i + 1).unwrap_or(&""))),
+            None => lines.last().map(|l| l.to_string()),
         }
     }
 

@@ -14,8 +14,6 @@ pub use limiter::MemoryLimitExceeded;
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
@@ -98,13 +96,6 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<GuestState>,
     cache_dir: Option<PathBuf>,
-    ticker_stop: Arc<AtomicBool>,
-}
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
-    }
 }
 
 /// How a component was loaded.
@@ -145,24 +136,23 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
 
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (weak, stop) = (engine.weak(), ticker_stop.clone());
+        // The ticker lives as long as the engine, which instances keep
+        // alive after the Runtime itself is gone: it must not stop earlier,
+        // or a guest call could run without a time limit.
+        let weak = engine.weak();
         std::thread::Builder::new()
             .name("txstore-epoch".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
-                    match weak.upgrade() {
-                        Some(engine) => engine.increment_epoch(),
-                        None => break,
-                    }
+            .spawn(move || loop {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
                 }
             })?;
         Ok(Self {
             engine,
             linker,
             cache_dir,
-            ticker_stop,
         })
     }
 
@@ -232,11 +222,14 @@ impl Runtime {
     fn compile_cached(&self, label: &str, bytes: &[u8], hash: &str) -> Result<(Component, bool)> {
         let path = self.cache_path(hash);
         if let Some(path) = path.as_ref().filter(|p| p.exists()) {
-            // SAFETY: the file was written by `Component::serialize` of an
-            // engine with the same compatibility hash (it is in the name);
-            // wasmtime checks the header and version again and refuses
-            // anything else, and a refused file is recompiled below.
-            match unsafe { Component::deserialize_file(&self.engine, path) } {
+            match read_cache(path).and_then(|code| {
+                // SAFETY: the bytes are what `Component::serialize` wrote for
+                // an engine with the same compatibility hash (it is in the
+                // name), and their CRC32C matched, so neither a torn write
+                // nor a flipped bit reaches wasmtime; wasmtime checks the
+                // header and version again.
+                unsafe { Component::deserialize(&self.engine, &code) }.map_err(anyhow::Error::from)
+            }) {
                 Ok(c) => return Ok((c, true)),
                 Err(e) => tracing::warn!(
                     "cached compilation {} is unusable ({e:#}); recompiling",
@@ -256,14 +249,35 @@ impl Runtime {
     }
 }
 
-fn write_cache(path: &Path, bytes: &[u8]) -> Result<()> {
+/// A cached compilation ends in its CRC32C and this tag, so a truncated or
+/// damaged file is recompiled instead of being mapped as code.
+const CACHE_TAG: &[u8; 4] = b"TXCC";
+
+fn write_cache(path: &Path, code: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap();
     std::fs::create_dir_all(dir)?;
     // Write aside and rename, so a reader never sees half a file.
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut tmp, bytes)?;
+    std::io::Write::write_all(&mut tmp, code)?;
+    std::io::Write::write_all(&mut tmp, &crc32c::crc32c(code).to_le_bytes())?;
+    std::io::Write::write_all(&mut tmp, CACHE_TAG)?;
     tmp.persist(path)?;
     Ok(())
+}
+
+/// The code of a cached compilation, if its trailer checks out.
+fn read_cache(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = std::fs::read(path)?;
+    let n = bytes.len();
+    if n < 8 || &bytes[n - 4..] != CACHE_TAG {
+        anyhow::bail!("no trailer: truncated or not written by txstore");
+    }
+    let want = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap());
+    bytes.truncate(n - 8);
+    if crc32c::crc32c(&bytes) != want {
+        anyhow::bail!("checksum mismatch");
+    }
+    Ok(bytes)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -58,6 +58,17 @@ pub struct TaskStats {
     pub input_bytes: u64,
 }
 
+impl TaskStats {
+    /// Adds another run's counters (a run restarted after a guest failure).
+    pub fn add(&mut self, other: &TaskStats) {
+        self.records += other.records;
+        self.writes += other.writes;
+        self.commits += other.commits;
+        self.early_commits += other.early_commits;
+        self.input_bytes += other.input_bytes;
+    }
+}
+
 /// A store with its guest, changelog and checkpoint, driven by the protocol.
 pub struct Task {
     config: Config,
@@ -111,11 +122,19 @@ impl Task {
         let truncated = changelog.report.truncated_bytes;
         let damage = changelog.report.damage.clone();
         let checkpoint = Checkpoint::new(&state_dir);
-        let checkpointed = checkpoint.read()?;
+        // The checkpoint only saves work: without it a transactional guest
+        // recovers from its own offset and any other is wiped and replayed.
+        // So a damaged one is reported and ignored, never trusted.
+        let checkpointed = checkpoint.read().unwrap_or_else(|e| {
+            tracing::warn!("{e:#}: ignoring it; recovery treats the stop as unclean");
+            None
+        });
         if config.task.guarantee == Guarantee::ExactlyOnce {
             // From here on, a crash leaves no checkpoint: the next start-up
             // knows the stop was unclean.
             checkpoint.remove()?;
+        } else if checkpointed.is_none() {
+            checkpoint.remove()?; // a damaged file must not be read again
         }
         let mut task = Task {
             processor: processor::new(config.task.processor),

@@ -167,6 +167,9 @@ impl Guest for Planted {
     }
 
     fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+        if cfg!(feature = "hostile") && key == b"probe" {
+            return Ok(Some(hostile::probe().into_bytes()));
+        }
         with(|s| read(s, &key, isolation))
     }
 
@@ -220,6 +223,11 @@ impl Guest for Planted {
     }
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
+        if cfg!(feature = "hostile") {
+            for e in &entries {
+                hostile::on_put(&e.key);
+            }
+        }
         with(|s| {
             s.uncommitted += entries
                 .iter()
@@ -290,6 +298,9 @@ impl Guest for Planted {
                 true,
             )?;
             copy(s)?;
+            if cfg!(feature = "hostile") && s.main.get(b"trap-commit")?.is_some() && s.temp.get(b"trap-commit")?.is_some() {
+                panic!("planted trap in the middle of commit, after the copy");
+            }
             clear_temp(s)?;
             finish(s, offset)?;
             s.uncommitted = 0;
@@ -303,6 +314,50 @@ impl Guest for Planted {
 
     fn approximate_uncommitted_bytes() -> u64 {
         STORE.with(|s| s.borrow().as_ref().map_or(0, |s| s.uncommitted))
+    }
+}
+
+/// What the hostile guest tries.
+mod hostile {
+    /// Reports what the sandbox let through, as `name:result` words.
+    pub fn probe() -> String {
+        let fs = match std::fs::read("/etc/passwd").or_else(|_| std::fs::read("passwd")) {
+            Ok(b) => format!("fs:read-{}-bytes", b.len()),
+            Err(_) => "fs:denied".into(),
+        };
+        let dir = match std::fs::read_dir(".").or_else(|_| std::fs::read_dir("/")) {
+            Ok(_) => "dir:listed".to_string(),
+            Err(_) => "dir:denied".into(),
+        };
+        let env = format!("env:{}", std::env::vars().count());
+        let clock = format!(
+            "clock:{}",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+        );
+        let net = match std::net::TcpStream::connect("127.0.0.1:22") {
+            Ok(_) => "net:connected".to_string(),
+            Err(_) => "net:denied".into(),
+        };
+        format!("{fs} {dir} {env} {clock} {net}")
+    }
+
+    pub fn on_put(key: &[u8]) {
+        match key {
+            b"loop" => {
+                let mut n = 0u64;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            b"bomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            _ => {}
+        }
     }
 }
 

@@ -1,12 +1,16 @@
 //! The `txstore` command line.
 
+mod run;
+
+use run::run;
+
 use crate::config::Config;
 use crate::runtime::{GuestSource, Isolation, Runtime};
 use crate::task::{RecoveryReport, Task};
 use crate::{crash, runtime};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use std::io::{BufRead, BufReader, IsTerminal, Seek, SeekFrom, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -106,6 +110,44 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// Measure every built-in guest against plain RocksDB in one run.
+    Bench {
+        /// Distinct keys (and records per write phase).
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Records per commit (default: what 100 ms of native writes gives).
+        #[arg(long)]
+        commit_every: Option<u64>,
+        /// Guests to measure (default: every built-in one).
+        #[arg(long, value_delimiter = ',')]
+        guests: Vec<String>,
+        /// Point reads per isolation level.
+        #[arg(long, default_value_t = 200_000)]
+        reads: u64,
+        /// State sizes for the recovery curve.
+        #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+        recovery_sizes: Vec<u64>,
+        #[arg(long, value_enum, default_value_t = BenchFormat::Md)]
+        format: BenchFormat,
+        /// Also write the figures as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Write throughput.svg and recovery.svg into this directory.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<PathBuf>,
+    },
+    /// One recovery measurement's loader (started by `bench`).
+    #[command(hide = true)]
+    BenchChild {
+        #[arg(long)]
+        guest: String,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        keys: u64,
+        #[arg(long)]
+        txn: u64,
+    },
     /// One conformance run in this process (started by `conformance`).
     #[command(hide = true)]
     ConformanceChild {
@@ -138,6 +180,12 @@ impl From<IsolationArg> for Isolation {
             IsolationArg::Uncommitted => Isolation::ReadUncommitted,
         }
     }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BenchFormat {
+    Md,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -210,6 +258,53 @@ pub fn main(cli: Cli) -> Result<()> {
     crash::arm(point).map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Conformance { .. } => unreachable!("handled above"),
+        Command::Bench {
+            keys,
+            commit_every,
+            guests,
+            reads,
+            recovery_sizes,
+            format,
+            json,
+            plot,
+        } => {
+            let guests = if guests.is_empty() {
+                txstore_artifacts::names().map(str::to_string).collect()
+            } else {
+                guests
+            };
+            let opts = crate::bench::Options {
+                keys,
+                commit_every,
+                guests,
+                reads,
+                recovery_sizes,
+                progress: std::io::stderr().is_terminal(),
+            };
+            let runtime = Runtime::new(crate::config::default_cache_dir())?;
+            let report = crate::bench::run(&runtime, &opts)?;
+            match format {
+                BenchFormat::Md => print!("{}", crate::bench::report::markdown(&report)),
+                BenchFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            if let Some(dir) = plot {
+                crate::bench::report::plots(&report, &dir)?;
+            }
+            Ok(())
+        }
+        Command::BenchChild {
+            guest,
+            dir,
+            keys,
+            txn,
+        } => {
+            let runtime = Runtime::new(crate::config::default_cache_dir())?;
+            crate::bench::recovery_child(&runtime, &guest, &dir, keys, txn)
+        }
         Command::ConformanceChild {
             guest,
             dir,
@@ -369,84 +464,6 @@ fn print_recovery(r: &RecoveryReport) {
     );
     println!("input resumes at:  byte {}", r.input_position);
     println!("time:              {:.1} ms", r.elapsed.as_secs_f64() * 1e3);
-}
-
-fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
-    let config = Config::load(config_path)?;
-    let input = input
-        .or_else(|| config.input())
-        .context("no input: pass --input FILE or set task.input in the config")?;
-    let runtime = runtime_for(&config)?;
-    let (mut task, report) = Task::open(&config, &runtime)?;
-    if !json {
-        eprintln!(
-            "recovered: {} to offset {} ({}), replayed {} records",
-            report.guest,
-            report
-                .recovered_offset
-                .map_or("none".into(), |o| o.to_string()),
-            report.action,
-            report.replayed_records
-        );
-    }
-    let file = std::fs::File::open(&input)
-        .with_context(|| format!("cannot open input {}", input.display()))?;
-    let total = file.metadata()?.len();
-    let mut position = task.input_position();
-    if position > total {
-        anyhow::bail!(
-            "input {} has {total} bytes but the changelog says {position} were already processed: wrong input file?",
-            input.display()
-        );
-    }
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    reader.seek(SeekFrom::Start(position))?;
-    let bar = indicatif::ProgressBar::new(total).with_position(position);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap(),
-    );
-    let started = Instant::now();
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 {
-            break;
-        }
-        position += n as u64;
-        let record = line.strip_suffix(b"\n").unwrap_or(&line);
-        task.process(record, position)?;
-        task.stats.input_bytes += n as u64;
-        if task.stats.records % 4096 == 0 {
-            bar.set_position(position);
-        }
-    }
-    bar.finish_and_clear();
-    let peak_memory = task.guest_peak_memory_bytes();
-    let stats = task.close()?;
-    let secs = started.elapsed().as_secs_f64();
-    if json {
-        let (commit_calls, recover_calls) = crash::call_counts();
-        let calls = serde_json::json!({"commit": commit_calls, "recover": recover_calls});
-        println!(
-            "{}",
-            serde_json::json!({"recovery": report, "stats": stats, "seconds": secs, "storage_calls": calls, "guest_peak_memory_bytes": peak_memory})
-        );
-    } else {
-        println!(
-            "processed {} records ({} bytes) in {:.2} s: {} writes, {} commits ({} early)",
-            stats.records,
-            stats.input_bytes,
-            secs,
-            stats.writes,
-            stats.commits,
-            stats.early_commits
-        );
-    }
-    Ok(())
 }
 
 fn inspect(guest: &str) -> Result<()> {
