@@ -37,7 +37,13 @@ fn calls(c: &mut Criterion) {
     let runtime = Runtime::new(Some(cache.path().to_path_buf())).unwrap();
     for guest in ["buffered", "roll-forward", "roll-back", "wipe-on-crash"] {
         let component = runtime.load(&GuestSource::Builtin(guest.into())).unwrap();
-        let mut store = component.instantiate(backend.open_store(guest).unwrap(), guest, &Limits::default()).unwrap();
+        let mut store = component
+            .instantiate(
+                backend.open_store(guest).unwrap(),
+                guest,
+                &Limits::default(),
+            )
+            .unwrap();
         store.init(&[]).unwrap();
         store.recover(None).unwrap();
         let mut n = 0u64;
@@ -54,14 +60,20 @@ fn calls(c: &mut Criterion) {
         c.bench_function(&format!("{guest} get read-committed"), |b| {
             b.iter(|| {
                 n += 1;
-                store.get(&key(n % 100_000), Isolation::ReadCommitted).unwrap()
+                store
+                    .get(&key(n % 100_000), Isolation::ReadCommitted)
+                    .unwrap()
             })
         });
         let memory = MemoryBackend::new();
         c.bench_function(&format!("{guest} instantiate"), |b| {
             b.iter_batched(
                 || memory.open_store("i").unwrap(),
-                |storage| component.instantiate(storage, "i", &Limits::default()).unwrap(),
+                |storage| {
+                    component
+                        .instantiate(storage, "i", &Limits::default())
+                        .unwrap()
+                },
                 BatchSize::SmallInput,
             )
         });

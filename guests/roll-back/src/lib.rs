@@ -8,11 +8,17 @@
 //!
 //! Read-committed reads see through the undo log: a key written in the
 //! open transaction reads its prior value from `undo`.
+//!
+//! Writes wait in guest memory and reach storage 256 at a time (before any
+//! read-uncommitted read and before commit): one read of the prior values
+//! and one atomic batch per flush, instead of two host calls per write.
+//! Until then `main` holds the committed value, so read-committed reads of
+//! a pending key are right without a flush.
 
 use std::collections::HashSet;
 use txstore_guest_kit::{
     check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
-    Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
+    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -26,6 +32,8 @@ struct Store {
     /// Keys with an undo entry in the open transaction (so a second write
     /// of a key costs no extra read, and committed reads know where to look).
     touched: HashSet<Vec<u8>>,
+    /// Writes not yet in `main`.
+    pending: Pending,
     bytes: u64,
 }
 
@@ -53,8 +61,21 @@ fn decode_prior(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
 }
 
 impl Store {
-    /// Writes `writes` to `main`, saving prior values of keys not yet touched.
     fn write(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+        self.bytes += writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum::<u64>();
+        if self.pending.push(writes) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the pending writes to `main`, saving prior values of keys not
+    /// yet touched.
+    fn flush(&mut self) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let writes = self.pending.take();
         let mut fresh: Vec<Vec<u8>> = Vec::new();
         let mut seen = HashSet::new();
         for (k, _) in &writes {
@@ -63,7 +84,6 @@ impl Store {
             }
         }
         let priors = if fresh.is_empty() { Vec::new() } else { self.main.get_many(&fresh)? };
-        let bytes: u64 = writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum();
         let undo_ops = fresh.iter().zip(priors).map(|(k, p)| Op::Put(Entry { key: k.clone(), value: encode_prior(p) }));
         let main_ops = writes.into_iter().map(|(key, v)| match v {
             Some(value) => Op::Put(Entry { key, value }),
@@ -78,7 +98,6 @@ impl Store {
             false,
         )?;
         self.touched.extend(fresh);
-        self.bytes += bytes;
         Ok(())
     }
 
@@ -123,6 +142,7 @@ impl Guest for RollBack {
             undo: Keyspace::open("undo")?,
             meta: Keyspace::open("meta")?,
             touched: HashSet::new(),
+            pending: Pending::default(),
             bytes: 0,
         });
         Ok(())
@@ -134,6 +154,7 @@ impl Guest for RollBack {
 
     fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
         STORE.with(|s| {
+            s.pending.take();
             s.touched.clear();
             s.bytes = 0;
             let rolled = !s.undo.is_empty()?;
@@ -157,14 +178,21 @@ impl Guest for RollBack {
 
     fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
         STORE.with(|s| match isolation {
-            Isolation::ReadUncommitted => s.main.get(&key),
+            Isolation::ReadUncommitted => {
+                s.flush()?;
+                s.main.get(&key)
+            }
             Isolation::ReadCommitted => s.committed_get(&key),
         })
     }
 
     fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
         STORE.with(|s| {
-            if isolation == Isolation::ReadUncommitted || s.touched.is_empty() {
+            if isolation == Isolation::ReadUncommitted {
+                s.flush()?;
+                return s.main.get_many(&keys);
+            }
+            if s.touched.is_empty() {
                 return s.main.get_many(&keys);
             }
             keys.iter().map(|k| s.committed_get(k)).collect()
@@ -174,7 +202,11 @@ impl Guest for RollBack {
     fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
-            if isolation == Isolation::ReadUncommitted || s.touched.is_empty() {
+            if isolation == Isolation::ReadUncommitted {
+                s.flush()?;
+                return read_range(&s.main, start.as_deref(), end.as_deref(), limit);
+            }
+            if s.touched.is_empty() {
                 return read_range(&s.main, start.as_deref(), end.as_deref(), limit);
             }
             let mut base = CursorIter::new(&s.main, start.as_deref(), end.as_deref())?;
@@ -212,6 +244,7 @@ impl Guest for RollBack {
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {
+            s.flush()?;
             storage::write(
                 &[
                     KeyspaceOps { keyspace: &s.undo, ops: vec![Op::Clear] },

@@ -12,11 +12,12 @@
 //! Where KIP-844's prototype lost (about 4% of RocksDB): a host round trip
 //! per key on commit and a per-key delete to empty the temporary store.
 //! Here the copy moves 1024 entries per call and the clear is one range
-//! deletion; a batch of writes is one call.
+//! deletion; writes wait in guest memory and reach `temp` 256 at a time
+//! (before any read-uncommitted read and before commit).
 
 use txstore_guest_kit::{
     check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
-    Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
+    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -28,6 +29,8 @@ struct Store {
     main: Keyspace,
     temp: Keyspace,
     meta: Keyspace,
+    /// Writes not yet in `temp`.
+    pending: Pending,
     bytes: u64,
 }
 
@@ -56,11 +59,20 @@ fn untag(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
 
 impl Store {
     fn stage(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
-        let bytes: u64 = writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum();
-        let ops = writes.into_iter().map(|(key, v)| Op::Put(Entry { key, value: tagged(v) })).collect();
-        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops }], false)?;
-        self.bytes += bytes;
+        self.bytes += writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum::<u64>();
+        if self.pending.push(writes) {
+            self.flush()?;
+        }
         Ok(())
+    }
+
+    /// Moves the pending writes into `temp`, in one call.
+    fn flush(&mut self) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let ops = self.pending.take().into_iter().map(|(key, v)| Op::Put(Entry { key, value: tagged(v) })).collect();
+        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops }], false)
     }
 
     /// Step 2: copies `temp` into `main`, 1024 entries per call, then syncs.
@@ -105,6 +117,7 @@ impl Guest for RollForward {
             main: Keyspace::open("main")?,
             temp: Keyspace::open("temp")?,
             meta: Keyspace::open("meta")?,
+            pending: Pending::default(),
             bytes: 0,
         });
         Ok(())
@@ -116,6 +129,7 @@ impl Guest for RollForward {
 
     fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
         STORE.with(|s| {
+            s.pending.take();
             if let Some(marker) = read_u64(&s.meta, MARKER)? {
                 s.finish_commit(marker)?;
                 return Ok(Recovery { offset: Some(marker), action: RecoveryAction::RolledForward });
@@ -140,6 +154,7 @@ impl Guest for RollForward {
     fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {
+                s.flush()?;
                 if let Some(t) = s.temp.get(&key)? {
                     return untag(t);
                 }
@@ -153,6 +168,7 @@ impl Guest for RollForward {
             if isolation == Isolation::ReadCommitted {
                 return s.main.get_many(&keys);
             }
+            s.flush()?;
             let staged = s.temp.get_many(&keys)?;
             let misses: Vec<Vec<u8>> =
                 keys.iter().zip(&staged).filter(|(_, t)| t.is_none()).map(|(k, _)| k.clone()).collect();
@@ -173,6 +189,7 @@ impl Guest for RollForward {
             if isolation == Isolation::ReadCommitted {
                 return read_range(&s.main, start.as_deref(), end.as_deref(), limit);
             }
+            s.flush()?;
             let mut base = CursorIter::new(&s.main, start.as_deref(), end.as_deref())?;
             let mut staged = CursorIter::new(&s.temp, start.as_deref(), end.as_deref())?;
             let mut bad = None;
@@ -208,6 +225,7 @@ impl Guest for RollForward {
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {
+            s.flush()?;
             if s.bytes == 0 && s.temp.is_empty()? {
                 // Nothing staged: no copy to protect, just the offset.
                 let ops = vec![put_u64(OFFSET, offset)];
