@@ -59,6 +59,17 @@ pub fn ok(o: &Output) -> String {
     stdout(o)
 }
 
+/// `txstore recover --json` on `config`, parsed.
+pub fn recover_json(config: &Path) -> serde_json::Value {
+    let json = ok(&txstore(&[
+        "recover",
+        "--config",
+        config.to_str().unwrap(),
+        "--json",
+    ]));
+    serde_json::from_str(&json).unwrap()
+}
+
 /// Writes a config for `guest` with its state under `dir`; `extra` is
 /// appended (more TOML tables).
 pub fn write_config(dir: &Path, guest: &str, extra: &str) -> PathBuf {

@@ -3,7 +3,7 @@
 //! against a count made by ordinary shell tools; changelog damage; recovery
 //! reports.
 
-use crate::common::{ok, stderr, txstore, txstore_env, write_config};
+use crate::common::{ok, recover_json, stderr, txstore, txstore_env, write_config};
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -161,13 +161,8 @@ fn recover_reports_wipe_and_replay_after_unclean_stop() {
     let out = ok(&txstore(&["recover", "--config", config.to_str().unwrap()]));
     assert!(out.contains("checkpoint:        none"), "{out}");
     assert!(out.contains("(wiped: wiped the store)"), "{out}");
-    let json = ok(&txstore(&[
-        "recover",
-        "--config",
-        config.to_str().unwrap(),
-        "--json",
-    ]));
-    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let report = recover_json(&config);
+    let json = report.to_string();
     // The second recovery follows a clean close: nothing to replay.
     assert_eq!(report["action"], "clean", "{json}");
     assert_eq!(report["replayed_records"], 0);

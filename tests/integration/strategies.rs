@@ -4,12 +4,13 @@
 //! it finishes, checked against `tr | sort | uniq -c`; isolation levels;
 //! buffered's memory bound.
 
-use crate::common::{ok, runtime, txstore, txstore_env, write_config};
+use crate::common::{ok, recover_json, runtime, txstore, txstore_env, write_config};
 use crate::kv::open;
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use txstore::config::{Config, ProcessorKind};
+use txstore::conformance::copy_dir;
 use txstore::runtime::Isolation;
 use txstore::storage::{Backend, RocksBackend};
 use txstore::task::Task;
@@ -51,36 +52,16 @@ fn setup(guest: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, config)
 }
 
-/// Copies a store directory (config, input, state) so a check can recover
-/// the copy without changing what the next run of the original sees.
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// Runs `txstore recover --json` on a copy of the crashed store and checks
 /// that a transactional guest neither wiped nor replayed more than the one
 /// transaction a crash can leave between changelog and store. Returns the
 /// storage calls recovery made (the `recover-call:N` points it reaches).
 fn check_recovery_of_copy(dir: &Path, context: &str) -> u64 {
     let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir, copy.path());
+    copy_dir(dir, copy.path()).unwrap();
     let config = copy.path().join("txstore.toml");
-    let json = ok(&txstore(&[
-        "recover",
-        "--config",
-        config.to_str().unwrap(),
-        "--json",
-    ]));
-    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let report = recover_json(&config);
+    let json = report.to_string();
     assert_ne!(report["action"], "wiped", "{context}: {json}");
     assert!(
         report["replayed_transactions"].as_u64().unwrap() <= 1,
@@ -119,7 +100,7 @@ fn crash_everywhere(guest: &str, points: &[String], recover_sweep: bool) -> u64 
     if recover_sweep {
         for m in 1..=recover_calls {
             let copy = tempfile::tempdir().unwrap();
-            copy_dir(dir.path(), copy.path());
+            copy_dir(dir.path(), copy.path()).unwrap();
             let config = copy.path().join("txstore.toml");
             let point = format!("recover-call:{m}");
             run_crashing(&config, &point);

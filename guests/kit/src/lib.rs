@@ -22,6 +22,11 @@ use std::collections::VecDeque;
 /// Entries fetched per cursor call.
 pub const CURSOR_BATCH: u32 = 1024;
 
+/// Bytes of keys and values in `writes` (a delete counts its key).
+pub fn write_bytes(writes: &[(Vec<u8>, Option<Vec<u8>>)]) -> u64 {
+    writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum()
+}
+
 /// Uncommitted writes held in guest memory until there are enough to hand
 /// to storage in one call: a host call per write is most of what a guest
 /// store costs over plain RocksDB. Lost in a crash, as unsynced writes are.
@@ -39,7 +44,7 @@ impl Pending {
 
     /// Adds `writes` (in order); true when the buffer should be flushed.
     pub fn push(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> bool {
-        self.bytes += writes.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>();
+        self.bytes += write_bytes(&writes) as usize;
         self.writes.extend(writes);
         self.writes.len() >= Self::MAX_WRITES || self.bytes >= Self::MAX_BYTES
     }

@@ -18,7 +18,7 @@
 use std::collections::HashSet;
 use txstore_guest_kit::{
     check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
-    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot,
+    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot, write_bytes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -62,7 +62,7 @@ fn decode_prior(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
 
 impl Store {
     fn write(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
-        self.bytes += writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum::<u64>();
+        self.bytes += write_bytes(&writes);
         if self.pending.push(writes) {
             self.flush()?;
         }

@@ -172,7 +172,7 @@ const SIGABRT: i32 = 6;
 
 /// Copies a state directory, so one crashed state can be recovered in
 /// several ways.
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
