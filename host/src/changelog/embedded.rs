@@ -13,6 +13,13 @@
 //! naming the bytes. Damage followed by valid frames is *not* truncated,
 //! since committed data lies beyond it: it is reported, and a replay that
 //! must cross it fails with an error naming the segment and byte.
+//!
+//! A segment that rolls is sealed: a small `.seal` file beside it records
+//! its length and last commit. Open trusts a seal whose length matches and
+//! scans only the active segment, so start-up does not read the whole log
+//! (at a million records that scan was most of the recovery time). Sealed
+//! segments are checked for damage by [`EmbeddedLog::verify_from`] before
+//! a replay reads them, which still happens before anything changes.
 
 use super::{Changelog, CommitInfo, Record, Replayed};
 use anyhow::{bail, Context, Result};
@@ -62,6 +69,8 @@ pub struct EmbeddedLog {
     next_offset: u64,
     last: Option<CommitInfo>,
     pub report: OpenReport,
+    /// Sealed segments not scanned since open (indexes into `segments`).
+    unverified: Vec<usize>,
 }
 
 /// One decoded frame.
@@ -146,6 +155,112 @@ fn segment_path(dir: &Path, first_offset: u64) -> PathBuf {
     dir.join(format!("{first_offset:020}.log"))
 }
 
+fn seal_path(segment: &Path) -> PathBuf {
+    segment.with_extension("seal")
+}
+
+const SEAL_MAGIC: &[u8; 4] = b"TXSL";
+const SEAL_LEN: usize = 32;
+
+/// What a seal records about a full segment: its length and last commit.
+fn encode_seal(len: u64, last: CommitInfo) -> [u8; SEAL_LEN] {
+    let mut b = [0u8; SEAL_LEN];
+    b[0..4].copy_from_slice(SEAL_MAGIC);
+    b[4..12].copy_from_slice(&len.to_le_bytes());
+    b[12..20].copy_from_slice(&last.offset.to_le_bytes());
+    b[20..28].copy_from_slice(&last.input_position.to_le_bytes());
+    let crc = crc32c::crc32c(&b[0..28]);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The seal of `segment`, if there is a valid one matching its length.
+fn read_seal(segment: &Path) -> Option<CommitInfo> {
+    let b = std::fs::read(seal_path(segment)).ok()?;
+    if b.len() != SEAL_LEN
+        || &b[0..4] != SEAL_MAGIC
+        || crc32c::crc32c(&b[0..28]).to_le_bytes() != b[28..32]
+    {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let len = std::fs::metadata(segment).ok()?.len();
+    (len == word(4)).then(|| CommitInfo {
+        offset: word(12),
+        input_position: word(20),
+    })
+}
+
+/// Writes `segment`'s seal atomically.
+fn write_seal(segment: &Path, len: u64, last: CommitInfo) -> Result<()> {
+    let path = seal_path(segment);
+    let tmp = path.with_extension("seal.tmp");
+    let mut f = File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(&encode_seal(len, last))?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
+/// What scanning one segment found.
+struct Scan {
+    /// The last commit in the segment.
+    last: Option<CommitInfo>,
+    /// Bytes up to and including the last commit frame.
+    good_end: usize,
+    /// The whole segment's length.
+    len: usize,
+}
+
+/// Scans `path` frame by frame: finds its last commit and records damage
+/// (clearing earlier damage at each commit). `tail` is true for the active
+/// segment, where an unreadable end is a torn tail rather than damage.
+fn scan(path: &Path, tail: bool, damage: &mut Vec<Damage>) -> Result<Scan> {
+    let buf = std::fs::read(path)
+        .with_context(|| format!("cannot read changelog segment {}", path.display()))?;
+    let mut out = Scan {
+        last: None,
+        good_end: 0,
+        len: buf.len(),
+    };
+    let mut pos = 0;
+    while pos < buf.len() {
+        match decode(&buf, pos) {
+            Some((frame, n)) => {
+                if frame.kind == KIND_COMMIT {
+                    let input_position =
+                        u64::from_le_bytes(frame.payload.try_into().context("commit frame payload is not 8 bytes")?);
+                    out.last = Some(CommitInfo { offset: frame.offset + 1, input_position });
+                    out.good_end = pos + n;
+                    for d in damage.iter_mut().filter(|d| d.cleared_at.is_none()) {
+                        d.cleared_at = Some(frame.offset + 1);
+                    }
+                }
+                pos += n;
+            }
+            None => match resync(&buf, pos + 1) {
+                Some(next) => {
+                    damage.push(Damage { segment: path.to_path_buf(), byte: pos as u64, len: (next - pos) as u64, cleared_at: None });
+                    tracing::error!(
+                        "changelog segment {} is damaged at byte {pos} ({} bytes); valid frames follow, so nothing is \
+                         truncated; a replay that needs those bytes will fail",
+                        path.display(),
+                        next - pos
+                    );
+                    pos = next;
+                }
+                None if tail => break,
+                None => bail!(
+                    "changelog segment {} is damaged at byte {pos} and later segments exist; refusing to truncate \
+                     committed data",
+                    path.display()
+                ),
+            },
+        }
+    }
+    Ok(out)
+}
+
 /// Finds the next position after `from` where a valid frame starts.
 fn resync(buf: &[u8], from: usize) -> Option<usize> {
     let magic = MAGIC.to_le_bytes();
@@ -179,64 +294,36 @@ impl EmbeddedLog {
         // Where the committed data of the last segment ends.
         let mut committed_len = 0u64;
         let count = segments.len();
+        let mut unverified = Vec::new();
         for (i, (_, path)) in segments.iter().enumerate() {
-            let buf = std::fs::read(path)
-                .with_context(|| format!("cannot read changelog segment {}", path.display()))?;
-            let mut pos = 0;
-            let mut good_end = 0;
-            while pos < buf.len() {
-                match decode(&buf, pos) {
-                    Some((frame, n)) => {
-                        if frame.kind == KIND_COMMIT {
-                            let input_position =
-                                u64::from_le_bytes(frame.payload.try_into().context("commit frame payload is not 8 bytes")?);
-                            last = Some(CommitInfo { offset: frame.offset + 1, input_position });
-                            good_end = pos + n;
-                            for d in report.damage.iter_mut().filter(|d| d.cleared_at.is_none()) {
-                                d.cleared_at = Some(frame.offset + 1);
-                            }
-                        }
-                        pos += n;
-                    }
-                    None => match resync(&buf, pos + 1) {
-                        Some(next) => {
-                            report.damage.push(Damage {
-                                segment: path.clone(),
-                                byte: pos as u64,
-                                len: (next - pos) as u64,
-                                cleared_at: None,
-                            });
-                            tracing::error!(
-                                "changelog segment {} is damaged at byte {pos} ({} bytes); valid frames follow, so \
-                                 nothing is truncated; a replay that needs those bytes will fail",
-                                path.display(),
-                                next - pos
-                            );
-                            pos = next;
-                        }
-                        None if i + 1 == count => break,
-                        None => bail!(
-                            "changelog segment {} is damaged at byte {pos} and later segments exist; refusing to \
-                             truncate committed data",
-                            path.display()
-                        ),
-                    },
+            let tail = i + 1 == count;
+            if !tail {
+                if let Some(sealed) = read_seal(path) {
+                    last = Some(sealed);
+                    unverified.push(i);
+                    continue;
                 }
             }
-            if i + 1 == count {
-                let dropped = buf.len() - good_end;
+            let found = scan(path, tail, &mut report.damage)?;
+            last = found.last.or(last);
+            if tail {
+                let dropped = found.len - found.good_end;
                 if dropped > 0 {
                     tracing::warn!(
-                        "changelog: truncated {dropped} bytes after the last commit in {} (byte {good_end} onwards: a \
-                         torn write or a transaction left open by a crash)",
-                        path.display()
+                        "changelog: truncated {dropped} bytes after the last commit in {} (byte {} onwards: a torn \
+                         write or a transaction left open by a crash)",
+                        path.display(),
+                        found.good_end
                     );
                     let f = OpenOptions::new().write(true).open(path)?;
-                    f.set_len(good_end as u64)?;
+                    f.set_len(found.good_end as u64)?;
                     f.sync_all()?;
                     report.truncated_bytes = dropped as u64;
                 }
-                committed_len = good_end as u64;
+                committed_len = found.good_end as u64;
+            } else if let Some(l) = found.last {
+                // An old segment without a (valid) seal: seal it now.
+                write_seal(path, found.len as u64, l)?;
             }
         }
         // Offsets of a truncated open transaction are reused.
@@ -257,7 +344,33 @@ impl EmbeddedLog {
             next_offset,
             last,
             report,
+            unverified,
         })
+    }
+
+    /// Scans the sealed segments a replay from `from` will read, adding any
+    /// damage to `report.damage`. Call before anything depends on them.
+    pub fn verify_from(&mut self, from: u64) -> Result<()> {
+        let first = self
+            .segments
+            .iter()
+            .rposition(|(base, _)| *base <= from)
+            .unwrap_or(0);
+        let (check, keep): (Vec<usize>, Vec<usize>) =
+            self.unverified.iter().partition(|&&i| i >= first);
+        self.unverified = keep;
+        for i in check {
+            let path = self.segments[i].1.clone();
+            let end = read_seal(&path).map(|c| c.offset);
+            let before = self.report.damage.len();
+            scan(&path, false, &mut self.report.damage)?;
+            // Damage after the segment's last commit is cleared where the
+            // next segment starts: a replay from there never reads it.
+            for d in &mut self.report.damage[before..] {
+                d.cleared_at = d.cleared_at.or(end);
+            }
+        }
+        Ok(())
     }
 
     fn write_frame(&mut self, kind: u8, payload: &[&[u8]]) -> Result<u64> {
@@ -271,6 +384,12 @@ impl EmbeddedLog {
     }
 
     fn roll(&mut self) -> Result<()> {
+        let full = &self.segments.last().unwrap().1;
+        write_seal(
+            full,
+            self.committed_len,
+            self.last.expect("a segment rolls at a commit"),
+        )?;
         let path = segment_path(&self.dir, self.next_offset);
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
         sync_dir(&self.dir)?;
@@ -401,6 +520,23 @@ impl Changelog for EmbeddedLog {
                     ),
                 }
                 pos += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_replayable(&mut self, from: u64) -> Result<()> {
+        self.verify_from(from)?;
+        for d in &self.report.damage {
+            if d.cleared_at.is_none_or(|c| c > from) {
+                bail!(
+                    "changelog segment {} is damaged at byte {} ({} bytes) and recovery needs to replay across it \
+                     (from offset {from}); nothing was changed or deleted: restore the segment from a copy, or remove \
+                     the state directory to start over",
+                    d.segment.display(),
+                    d.byte,
+                    d.len
+                );
             }
         }
         Ok(())

@@ -62,6 +62,9 @@ pub trait Changelog: Send {
         from: u64,
         f: &mut dyn FnMut(Replayed) -> Result<()>,
     ) -> Result<()>;
+    /// Fails, before anything changes, if a replay from `from` could not
+    /// read every committed record after it (damage in the log).
+    fn check_replayable(&mut self, from: u64) -> Result<()>;
     /// The last committed transaction, if any.
     fn last_commit(&self) -> Option<CommitInfo>;
     /// The committed end offset (0 for an empty log).

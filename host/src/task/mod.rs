@@ -10,7 +10,6 @@
 
 pub mod processor;
 
-use crate::changelog::embedded::Damage;
 use crate::changelog::{Changelog, EmbeddedLog, Record, Replayed};
 use crate::checkpoint::Checkpoint;
 use crate::config::{BackendKind, Config, Guarantee};
@@ -120,7 +119,6 @@ impl Task {
         let transactional = instance.transactional()?;
         let changelog = EmbeddedLog::open(&config.changelog_dir(), config.changelog.segment_bytes)?;
         let truncated = changelog.report.truncated_bytes;
-        let damage = changelog.report.damage.clone();
         let checkpoint = Checkpoint::new(&state_dir);
         // The checkpoint only saves work: without it a transactional guest
         // recovers from its own offset and any other is wiped and replayed.
@@ -152,7 +150,7 @@ impl Task {
         if !transactional && checkpointed.is_none() {
             // Its recovery will wipe the store: make sure the replay that
             // must follow can read the whole changelog before anything changes.
-            check_damage(&damage, 0)?;
+            task.changelog.check_replayable(0)?;
         }
         let recovery = task.instance.recover(checkpointed)?;
         let end = task.changelog.end_offset();
@@ -178,7 +176,8 @@ impl Task {
                 );
             }
         }
-        check_damage(&damage, recovery.offset.unwrap_or(0))?;
+        task.changelog
+            .check_replayable(recovery.offset.unwrap_or(0))?;
         let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
         task.input_position = task.changelog.last_commit().map_or(0, |c| c.input_position);
         let report = RecoveryReport {
@@ -383,23 +382,6 @@ impl Task {
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>> {
         Ok(self.instance.get(key, isolation)?)
     }
-}
-
-/// Fails, before any replay, if a replay from `from` would cross damage.
-fn check_damage(damage: &[Damage], from: u64) -> Result<()> {
-    for d in damage {
-        if d.cleared_at.is_none_or(|c| c > from) {
-            bail!(
-                "changelog segment {} is damaged at byte {} ({} bytes) and recovery needs to replay across it (from \
-                 offset {from}); nothing was changed or deleted: restore the segment from a copy, or remove the state \
-                 directory to start over",
-                d.segment.display(),
-                d.byte,
-                d.len
-            );
-        }
-    }
-    Ok(())
 }
 
 /// A write call the guest refused, and whether earlier calls for the same
