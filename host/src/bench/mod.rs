@@ -10,6 +10,7 @@
 //! reads at both isolation levels and a full scan. Recovery: a child process
 //! loads a store of each size through the task, leaves one full uncommitted
 //! transaction on disk and aborts; the time to open it again is measured.
+//! Write phases and recoveries run `runs` times; the medians are reported.
 
 pub mod report;
 
@@ -38,6 +39,9 @@ pub struct Options {
     pub reads: u64,
     /// State sizes for the recovery curve.
     pub recovery_sizes: Vec<u64>,
+    /// Write phases and recoveries are repeated this many times and the
+    /// median reported (the machine is noisy).
+    pub runs: usize,
     pub progress: bool,
 }
 
@@ -67,6 +71,8 @@ pub struct Report {
     pub keys: u64,
     pub commit_every: u64,
     pub cores: usize,
+    /// Runs per figure (medians).
+    pub runs: usize,
     pub native: Figures,
     pub guests: Vec<Figures>,
 }
@@ -189,6 +195,11 @@ fn open_target(
             (Target::Guest(s), None)
         }
     })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -410,7 +421,7 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg:16} {bar:40} {pos}/{len} {elapsed}").unwrap(),
     );
-    let phases = 2 * opts.keys * (1 + opts.guests.len() as u64);
+    let phases = 2 * opts.runs.max(1) as u64 * opts.keys * (1 + opts.guests.len() as u64);
     bar.set_length(phases);
     let zipf = Zipf::new(opts.keys);
     // The native rate decides the default commit size (100 ms of writes).
@@ -441,8 +452,14 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
         for &size in &opts.recovery_sizes {
             bar.set_message(format!("recover {}", f.target));
             let txn = commit_every.min(size);
-            let (secs, action) = recovery_time(runtime, &f.target, size, txn)?;
-            f.recovery.push((size, secs, action));
+            let mut times = Vec::new();
+            let mut action = String::new();
+            for _ in 0..opts.runs.max(1) {
+                let (secs, a) = recovery_time(runtime, &f.target, size, txn)?;
+                times.push(secs);
+                action = a;
+            }
+            f.recovery.push((size, median(&mut times), action));
             bar.inc(1);
         }
     }
@@ -451,6 +468,7 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
         keys: opts.keys,
         commit_every,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        runs: opts.runs.max(1),
         native,
         guests,
     })

@@ -127,6 +127,9 @@ enum Command {
         /// State sizes for the recovery curve.
         #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
         recovery_sizes: Vec<u64>,
+        /// Runs per figure; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
         #[arg(long, value_enum, default_value_t = BenchFormat::Md)]
         format: BenchFormat,
         /// Also write the figures as JSON to this file.
@@ -264,6 +267,7 @@ pub fn main(cli: Cli) -> Result<()> {
             guests,
             reads,
             recovery_sizes,
+            runs,
             format,
             json,
             plot,
@@ -279,6 +283,7 @@ pub fn main(cli: Cli) -> Result<()> {
                 guests,
                 reads,
                 recovery_sizes,
+                runs,
                 progress: std::io::stderr().is_terminal(),
             };
             let runtime = Runtime::new(crate::config::default_cache_dir())?;
