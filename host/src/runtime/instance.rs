@@ -13,6 +13,7 @@ use crate::storage::StoreStorage;
 use anyhow::Result;
 use wasmtime::Store;
 
+pub use bindings::txstore::store::types::Entry as WitEntry;
 pub use bindings::txstore::store::types::Error as WitError;
 pub use export::{Isolation, Recovery, RecoveryAction};
 
@@ -295,9 +296,13 @@ impl StoreInstance {
                 value: v.clone(),
             })
             .collect();
-        self.call("put-many", Phase::Other, |g, s| {
-            g.call_put_many(s, &entries)
-        })
+        self.put_entries(&entries)
+    }
+
+    /// `put-many` with entries already in the WIT form (no copy here: the
+    /// task's hot path builds them once from its records).
+    pub fn put_entries(&mut self, entries: &[Entry]) -> Result<(), CallError> {
+        self.call("put-many", Phase::Other, |g, s| g.call_put_many(s, entries))
     }
 
     pub fn delete_many(&mut self, keys: &[Vec<u8>]) -> Result<(), CallError> {

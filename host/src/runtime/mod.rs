@@ -8,7 +8,9 @@ mod instance;
 mod limiter;
 
 pub use host::GuestState;
-pub use instance::{CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitError};
+pub use instance::{
+    CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError,
+};
 pub use limiter::MemoryLimitExceeded;
 
 use anyhow::{bail, Context, Result};

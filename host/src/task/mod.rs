@@ -14,7 +14,7 @@ use crate::changelog::{Changelog, EmbeddedLog, Record, Replayed};
 use crate::checkpoint::Checkpoint;
 use crate::config::{BackendKind, Config, Guarantee};
 use crate::crash;
-use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstance};
+use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstance, WitEntry};
 use crate::storage::{Backend, MemoryBackend, RocksBackend};
 use anyhow::{bail, Context, Result};
 use processor::Processor;
@@ -402,14 +402,18 @@ fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal>
             .count();
         let chunk = &writes[i..i + run];
         let result = if put {
-            let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
+            // One copy per write, straight into the WIT form.
+            let entries: Vec<WitEntry> = chunk
                 .iter()
                 .map(|w| match w {
-                    Record::Put(k, v) => (k.clone(), v.clone()),
+                    Record::Put(k, v) => WitEntry {
+                        key: k.clone(),
+                        value: v.clone(),
+                    },
                     Record::Delete(_) => unreachable!(),
                 })
                 .collect();
-            instance.put_many(&entries)
+            instance.put_entries(&entries)
         } else {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|w| w.key().to_vec()).collect();
             instance.delete_many(&keys)
