@@ -116,24 +116,99 @@ impl Default for TaskConfig {
     }
 }
 
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChangelogKind {
+    /// Segment files under the state directory: one machine.
+    #[default]
+    Embedded,
+    /// A partition of a Kafka topic, written by a transactional producer.
+    Kafka,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChangelogConfig {
-    /// Only `embedded` so far: segment files in `dir`.
-    pub kind: String,
-    /// Defaults to `<state_dir>/changelog`.
+    pub kind: ChangelogKind,
+    /// Embedded: defaults to `<state_dir>/changelog`.
     pub dir: Option<PathBuf>,
-    /// A segment is rolled at the first commit past this size.
+    /// Embedded: a segment is rolled at the first commit past this size.
     pub segment_bytes: u64,
+    /// Kafka: `host:port[,host:port...]`.
+    pub bootstrap_servers: Option<String>,
+    /// Kafka: the changelog topic; defaults to `<store.name>-changelog`.
+    pub topic: Option<String>,
+    /// Kafka: this store's partition of the topic (one store per input partition).
+    pub partition: i32,
+    /// Kafka: defaults to `txstore-<topic>-<partition>`. Two instances with
+    /// the same id fence each other: the older one stops.
+    pub transactional_id: Option<String>,
+    /// Kafka: the consumer group the input position is committed to, in the
+    /// same transaction; defaults to the transactional id.
+    pub group_id: Option<String>,
+    /// Kafka: create the topic (compacted) when it does not exist.
+    pub create_topic: bool,
+    /// Kafka: partitions and replication of a created topic.
+    pub topic_partitions: Option<i32>,
+    pub replication_factor: i32,
+    /// Kafka: the most any broker operation may take.
+    pub timeout_ms: u64,
+    /// Kafka: further librdkafka settings (security, tuning), passed as is.
+    pub properties: BTreeMap<String, String>,
 }
 
 impl Default for ChangelogConfig {
     fn default() -> Self {
         Self {
-            kind: "embedded".into(),
+            kind: ChangelogKind::Embedded,
             dir: None,
             segment_bytes: 64 << 20,
+            bootstrap_servers: None,
+            topic: None,
+            partition: 0,
+            transactional_id: None,
+            group_id: None,
+            create_topic: true,
+            topic_partitions: None,
+            replication_factor: 1,
+            timeout_ms: 30_000,
+            properties: BTreeMap::new(),
         }
+    }
+}
+
+impl ChangelogConfig {
+    /// Settings of one kind given for the other are mistakes worth naming.
+    fn check(&self, origin: &str) -> Result<()> {
+        let kafka_keys = [
+            ("bootstrap_servers", self.bootstrap_servers.is_some()),
+            ("topic", self.topic.is_some()),
+            ("transactional_id", self.transactional_id.is_some()),
+            ("group_id", self.group_id.is_some()),
+            ("properties", !self.properties.is_empty()),
+        ];
+        match self.kind {
+            ChangelogKind::Embedded => {
+                if let Some((key, _)) = kafka_keys.iter().find(|(_, set)| *set) {
+                    bail!("{origin}: changelog.{key} is only for kind = \"kafka\"");
+                }
+            }
+            ChangelogKind::Kafka => {
+                if self.bootstrap_servers.is_none() {
+                    bail!("{origin}: changelog.kind = \"kafka\" needs changelog.bootstrap_servers");
+                }
+                if self.dir.is_some() {
+                    bail!("{origin}: changelog.dir is only for kind = \"embedded\"");
+                }
+                if self.partition < 0 {
+                    bail!("{origin}: changelog.partition must not be negative");
+                }
+                if self.timeout_ms == 0 {
+                    bail!("{origin}: changelog.timeout_ms must be at least 1");
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -169,12 +244,7 @@ impl Config {
             }
         })?;
         config.base = base.to_path_buf();
-        if config.changelog.kind != "embedded" {
-            bail!(
-                "{origin}: changelog.kind `{}` is not supported (only `embedded`)",
-                config.changelog.kind
-            );
-        }
+        config.changelog.check(origin)?;
         if config.task.commit_interval_records == 0 {
             bail!("{origin}: task.commit_interval_records must be at least 1");
         }
@@ -211,6 +281,53 @@ impl Config {
 
     pub fn state_dir(&self) -> PathBuf {
         self.resolve(&self.store.state_dir)
+    }
+
+    /// The Kafka changelog's settings, with defaults filled in.
+    pub fn kafka(&self) -> Result<crate::changelog::kafka::KafkaSettings> {
+        let c = &self.changelog;
+        let Some(bootstrap) = c.bootstrap_servers.clone() else {
+            bail!("changelog.kind = \"kafka\" needs changelog.bootstrap_servers");
+        };
+        let topic = self.kafka_topic();
+        let transactional_id = c
+            .transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("txstore-{topic}-{}", c.partition));
+        Ok(crate::changelog::kafka::KafkaSettings {
+            bootstrap_servers: bootstrap,
+            group_id: c
+                .group_id
+                .clone()
+                .unwrap_or_else(|| transactional_id.clone()),
+            partition: c.partition,
+            transactional_id,
+            create_topic: c.create_topic,
+            topic_partitions: c.topic_partitions.unwrap_or(c.partition + 1),
+            replication_factor: c.replication_factor,
+            timeout: std::time::Duration::from_millis(c.timeout_ms),
+            properties: c.properties.clone(),
+            topic,
+        })
+    }
+
+    fn kafka_topic(&self) -> String {
+        self.changelog
+            .topic
+            .clone()
+            .unwrap_or_else(|| format!("{}-changelog", self.store.name))
+    }
+
+    /// Where the changelog is, for messages.
+    pub fn changelog_name(&self) -> String {
+        match self.changelog.kind {
+            ChangelogKind::Embedded => format!("in {}", self.changelog_dir().display()),
+            ChangelogKind::Kafka => format!(
+                "Kafka topic `{}` partition {}",
+                self.kafka_topic(),
+                self.changelog.partition
+            ),
+        }
     }
 
     pub fn changelog_dir(&self) -> PathBuf {

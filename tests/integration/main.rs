@@ -4,6 +4,7 @@
 mod cli;
 mod common;
 mod conformance;
+mod kafka;
 mod kv;
 mod protocol;
 mod sandbox;

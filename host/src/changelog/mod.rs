@@ -3,14 +3,42 @@
 //! commits; after a crash, the store is brought forward by replaying the
 //! committed transactions after the offset its recovery returned.
 //!
-//! The trait is small enough for a Kafka backend (transactional producer,
-//! `read_committed` consumer); [`embedded`] is the local default.
+//! [`embedded`] is the local default (segment files in the state
+//! directory); [`kafka`] keeps the log in a Kafka topic partition
+//! (transactional producer, `read_committed` consumer).
 
 pub mod embedded;
+pub mod kafka;
 
 pub use embedded::EmbeddedLog;
+pub use kafka::KafkaLog;
 
+use crate::config::{ChangelogKind, Config};
 use anyhow::Result;
+
+/// A changelog as a config names it, with what opening it had to repair.
+pub struct Opened {
+    pub log: Box<dyn Changelog>,
+    /// Bytes of an unfinished tail cut at open (embedded only).
+    pub truncated_bytes: u64,
+}
+
+/// Opens the changelog `config` names.
+pub fn open(config: &Config) -> Result<Opened> {
+    Ok(match config.changelog.kind {
+        ChangelogKind::Embedded => {
+            let log = EmbeddedLog::open(&config.changelog_dir(), config.changelog.segment_bytes)?;
+            Opened {
+                truncated_bytes: log.report.truncated_bytes,
+                log: Box::new(log),
+            }
+        }
+        ChangelogKind::Kafka => Opened {
+            log: Box::new(KafkaLog::open(&config.kafka()?)?),
+            truncated_bytes: 0,
+        },
+    })
+}
 
 /// One write, as the changelog carries it: absolute values, never deltas,
 /// so replaying a transaction twice gives the same state.

@@ -106,6 +106,11 @@ enum Command {
         /// Child processes run at once.
         #[arg(long, default_value_t = 2)]
         workers: usize,
+        /// Keep each case's changelog in a fresh topic of this Kafka cluster
+        /// (`host:port`) instead of the embedded log. Crashes inside
+        /// recovery are not explored then (they need a copy of the changelog).
+        #[arg(long, value_name = "BOOTSTRAP")]
+        kafka: Option<String>,
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -162,6 +167,10 @@ enum Command {
         seed: u64,
         #[arg(long)]
         ops: usize,
+        #[arg(long, requires = "topic")]
+        kafka: Option<String>,
+        #[arg(long)]
+        topic: Option<String>,
     },
     /// Show a guest's world, version and whether it is transactional.
     Inspect {
@@ -232,6 +241,7 @@ pub fn main(cli: Cli) -> Result<()> {
         ops,
         max_points,
         workers,
+        kafka,
         json,
     } = cli.command
     {
@@ -248,6 +258,7 @@ pub fn main(cli: Cli) -> Result<()> {
             max_points,
             workers,
             only: cli.crash_at,
+            kafka,
             progress: std::io::stderr().is_terminal(),
             ..Default::default()
         };
@@ -315,10 +326,20 @@ pub fn main(cli: Cli) -> Result<()> {
             dir,
             seed,
             ops,
+            kafka,
+            topic,
         } => {
             let runtime = Runtime::new(crate::config::default_cache_dir())?;
+            let kafka = kafka
+                .zip(topic)
+                .map(|(bootstrap, topic)| crate::conformance::KafkaTarget { bootstrap, topic });
             std::process::exit(crate::conformance::child_main(
-                &runtime, &guest, &dir, seed, ops,
+                &runtime,
+                &guest,
+                &dir,
+                seed,
+                ops,
+                kafka.as_ref(),
             ));
         }
         Command::Run {

@@ -47,8 +47,13 @@ pub struct Summary {
 }
 
 /// The task configuration every conformance run uses.
-pub fn config(guest: &str, dir: &Path) -> Config {
+pub fn config(guest: &str, dir: &Path, kafka: Option<&super::KafkaTarget>) -> Config {
     let mut config = Config::new(guest, dir);
+    if let Some(k) = kafka {
+        config.changelog.kind = crate::config::ChangelogKind::Kafka;
+        config.changelog.bootstrap_servers = Some(k.bootstrap.clone());
+        config.changelog.topic = Some(k.topic.clone());
+    }
     config.task.guarantee = Guarantee::ExactlyOnce;
     // Commits come from the workload and from the uncommitted limit only.
     config.task.commit_interval_records = u64::MAX;
@@ -110,8 +115,9 @@ pub fn run(
     guest: &str,
     dir: &Path,
     steps: &[Step],
+    kafka: Option<&super::KafkaTarget>,
 ) -> Result<Summary, Violation> {
-    let config = config(guest, dir);
+    let config = config(guest, dir, kafka);
     let (mut task, report) = Task::open(&config, runtime)
         .map_err(|e| violation("recovery follows the contract", format!("{e:#}")))?;
     let (_, recover_calls) = crash::call_counts();

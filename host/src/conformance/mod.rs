@@ -44,7 +44,35 @@ pub struct Options {
     /// Run one case only: `P` or `P,Q` (a crash at P, then at Q during
     /// recovery), as printed in a reproducer line.
     pub only: Option<String>,
+    /// Bootstrap servers: each case's changelog is a fresh Kafka topic.
+    pub kafka: Option<String>,
     pub progress: bool,
+}
+
+/// A case's changelog in Kafka: the cluster and the case's own topic.
+#[derive(Clone, Debug)]
+pub struct KafkaTarget {
+    pub bootstrap: String,
+    pub topic: String,
+}
+
+impl KafkaTarget {
+    /// A topic no other case, run or process has used.
+    fn fresh(bootstrap: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        KafkaTarget {
+            bootstrap: bootstrap.to_string(),
+            topic: format!(
+                "txstore-conformance-{}-{}-{}",
+                since_epoch.as_millis(),
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
 }
 
 impl Default for Options {
@@ -58,6 +86,7 @@ impl Default for Options {
             max_points: 64,
             workers: 2,
             only: None,
+            kafka: None,
             progress: true,
         }
     }
@@ -115,7 +144,14 @@ enum Outcome {
 }
 
 /// Runs `txstore conformance-child` for `guest` on `dir`, crashing at `at`.
-fn spawn(guest: &str, dir: &Path, seed: u64, ops: usize, at: Option<&str>) -> Result<Outcome> {
+fn spawn(
+    guest: &str,
+    dir: &Path,
+    seed: u64,
+    ops: usize,
+    at: Option<&str>,
+    kafka: Option<&KafkaTarget>,
+) -> Result<Outcome> {
     let exe = std::env::current_exe().context("cannot find the txstore executable")?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -130,6 +166,9 @@ fn spawn(guest: &str, dir: &Path, seed: u64, ops: usize, at: Option<&str>) -> Re
     ])
     .arg(dir)
     .env_remove(crate::crash::ENV);
+    if let Some(k) = kafka {
+        cmd.args(["--kafka", &k.bootstrap, "--topic", &k.topic]);
+    }
     if let Some(p) = at {
         cmd.env(crate::crash::ENV, p);
     }
@@ -194,6 +233,8 @@ struct Case {
     seed: u64,
     ops: usize,
     points: Vec<String>,
+    /// Bootstrap servers when the changelog is in Kafka.
+    kafka: Option<String>,
 }
 
 impl Case {
@@ -202,6 +243,9 @@ impl Case {
             "txstore conformance {} --seed {} --ops {}",
             self.guest, self.seed, self.ops
         );
+        if let Some(k) = &self.kafka {
+            s.push_str(&format!(" --kafka {k}"));
+        }
         if !self.points.is_empty() {
             s.push_str(&format!(" --crash-at {}", self.points.join(",")));
         }
@@ -227,6 +271,8 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
     let started = Instant::now();
     let dir = tempfile::tempdir()?;
     let state = dir.path().join("state");
+    let kafka = case.kafka.as_deref().map(KafkaTarget::fresh);
+    let kafka = kafka.as_ref();
     let mut result = CaseResult {
         case: case.clone(),
         reached: 0,
@@ -247,7 +293,7 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
         format!(" (after a crash at {})", case.points.join(", then "))
     };
     for p in &case.points {
-        match spawn(&case.guest, &state, case.seed, case.ops, Some(p))? {
+        match spawn(&case.guest, &state, case.seed, case.ops, Some(p), kafka)? {
             Outcome::Crashed => result.reached += 1,
             Outcome::Finished(_) => {}
             Outcome::Violation { property, detail } => {
@@ -267,6 +313,7 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
             case.seed,
             case.ops,
             None,
+            kafka,
         )? {
             result.second_points = (1..=s.recover_calls)
                 .map(|m| format!("recover-call:{m}"))
@@ -280,7 +327,7 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
         }
     }
     for (round, label) in ["", " (clean restart)"].iter().enumerate() {
-        match spawn(&case.guest, &state, case.seed, case.ops, None)? {
+        match spawn(&case.guest, &state, case.seed, case.ops, None, kafka)? {
             Outcome::Finished(s) => {
                 if round == 0 {
                     result.summary = Some(s);
@@ -403,6 +450,7 @@ pub fn check_guest(
             seed: opts.seed,
             ops: opts.ops,
             points,
+            kafka: opts.kafka.clone(),
         };
         let mut results = run_all(vec![(case, false)], opts, bar)?;
         let r = results.pop().expect("one case");
@@ -451,6 +499,7 @@ pub fn check_guest(
                     seed,
                     ops: opts.ops,
                     points: vec![],
+                    kafka: opts.kafka.clone(),
                 },
                 false,
             )
@@ -472,8 +521,11 @@ pub fn check_guest(
                         seed: r.case.seed,
                         ops: opts.ops,
                         points: vec![p],
+                        kafka: opts.kafka.clone(),
                     },
-                    true,
+                    // Crashes inside recovery start from copies of the
+                    // crashed state; a Kafka changelog cannot be copied.
+                    opts.kafka.is_none(),
                 )
             }));
         } else {
@@ -487,6 +539,7 @@ pub fn check_guest(
                         seed: r.case.seed,
                         ops: opts.ops,
                         points: vec![p.clone()],
+                        kafka: opts.kafka.clone(),
                     },
                     false,
                 ));
@@ -509,6 +562,7 @@ pub fn check_guest(
                     seed: r.case.seed,
                     ops: opts.ops,
                     points,
+                    kafka: opts.kafka.clone(),
                 },
                 false,
             ));
@@ -599,9 +653,16 @@ pub fn render(reports: &[GuestReport]) -> String {
 
 /// The child side: runs the workload once in this process and prints a
 /// JSON summary or violation. Returns the process exit code.
-pub fn child_main(runtime: &Runtime, guest: &str, dir: &PathBuf, seed: u64, ops: usize) -> i32 {
+pub fn child_main(
+    runtime: &Runtime,
+    guest: &str,
+    dir: &PathBuf,
+    seed: u64,
+    ops: usize,
+    kafka: Option<&KafkaTarget>,
+) -> i32 {
     let steps = workload::generate(seed, ops);
-    match child::run(runtime, guest, dir, &steps) {
+    match child::run(runtime, guest, dir, &steps, kafka) {
         Ok(summary) => {
             println!("{}", serde_json::json!({ "summary": summary }));
             0

@@ -10,7 +10,7 @@
 
 pub mod processor;
 
-use crate::changelog::{Changelog, EmbeddedLog, Record, Replayed};
+use crate::changelog::{Changelog, Record, Replayed};
 use crate::checkpoint::Checkpoint;
 use crate::config::{BackendKind, Config, Guarantee};
 use crate::crash;
@@ -117,8 +117,8 @@ impl Task {
         let mut instance = guest.instantiate(storage, &config.store.name, &config.limits)?;
         instance.init(&config.init_options())?;
         let transactional = instance.transactional()?;
-        let changelog = EmbeddedLog::open(&config.changelog_dir(), config.changelog.segment_bytes)?;
-        let truncated = changelog.report.truncated_bytes;
+        let opened = crate::changelog::open(config)?;
+        let truncated = opened.truncated_bytes;
         let checkpoint = Checkpoint::new(&state_dir);
         // The checkpoint only saves work: without it a transactional guest
         // recovers from its own offset and any other is wiped and replayed.
@@ -138,7 +138,7 @@ impl Task {
             processor: processor::new(config.task.processor),
             config: config.clone(),
             instance,
-            changelog: Box::new(changelog),
+            changelog: opened.log,
             checkpoint,
             input_position: 0,
             pending_records: 0,
@@ -158,9 +158,9 @@ impl Task {
         if let Some(k) = recovery.offset {
             if k > end {
                 bail!(
-                    "guest {label} recovered to offset {k} but the changelog ends at {end}: the changelog in {} was \
+                    "guest {label} recovered to offset {k} but the changelog ends at {end}: the changelog ({}) was \
                      truncated or belongs to another store",
-                    config.changelog_dir().display()
+                    config.changelog_name()
                 );
             }
         }

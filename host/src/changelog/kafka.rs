@@ -1,0 +1,557 @@
+//! A changelog in one partition of a Kafka topic, for stores spread over
+//! machines: one store per input partition, each restored from its own
+//! changelog partition.
+//!
+//! Mapping onto Kafka:
+//! - A txstore transaction is a Kafka transaction of a producer whose
+//!   `transactional.id` belongs to this store. `init_transactions` at open
+//!   aborts whatever a crashed predecessor left open and fences any older
+//!   instance still running with the same id.
+//! - A put is a record `key -> value`, a delete a tombstone (`key -> null`),
+//!   so the topic can be compacted as Kafka Streams' changelogs are.
+//! - The last record of each transaction carries the header
+//!   [`END_HEADER`], so a replay knows where transactions end (Kafka hides its
+//!   own commit markers from consumers). Compaction may remove a marked
+//!   record once a later write of its key exists; a replay then sees two
+//!   transactions as one, which is still correct, only less chunked.
+//! - The task's input position is committed with the transaction as the
+//!   consumer-group offset of (topic, partition) in `group_id`
+//!   (`send_offsets_to_transaction`), with the changelog's committed end in
+//!   the offset's metadata: both become visible exactly when the
+//!   transaction commits, and they are what `last_commit` reads at open.
+//! - Offsets are Kafka offsets; a transaction ends at (offset of its last
+//!   record) + 1. A `read_committed` consumer replays from there.
+
+use super::{Changelog, CommitInfo, Record, Replayed};
+use anyhow::{anyhow, bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Header on the last record of a transaction; its value is the input
+/// position committed with it (8 bytes, big-endian).
+pub const END_HEADER: &str = "txstore.txn-end";
+/// Prefix of the offset metadata that holds the changelog's committed end.
+const END_METADATA: &str = "txstore-changelog-end=";
+
+/// Where the changelog lives and who writes it (see `[changelog]` in the config).
+#[derive(Clone, Debug)]
+pub struct KafkaSettings {
+    pub bootstrap_servers: String,
+    pub topic: String,
+    pub partition: i32,
+    pub transactional_id: String,
+    pub group_id: String,
+    pub create_topic: bool,
+    pub topic_partitions: i32,
+    pub replication_factor: i32,
+    pub timeout: Duration,
+    pub properties: BTreeMap<String, String>,
+}
+
+/// librdkafka's own logs and errors go to `tracing` at debug level: it
+/// retries on its own, and an operation that finally fails is reported
+/// once, with its context, by the caller.
+struct Quiet;
+
+impl ClientContext for Quiet {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        tracing::debug!(?level, fac, "librdkafka: {message}");
+    }
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!("librdkafka: {error}: {reason}");
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+/// The producer's delivery reports for the open transaction.
+#[derive(Default)]
+struct Deliveries {
+    state: Mutex<DeliveryState>,
+}
+
+#[derive(Default)]
+struct DeliveryState {
+    /// Highest offset acknowledged in the open transaction.
+    last_offset: Option<i64>,
+    /// The first failed delivery, if any.
+    error: Option<KafkaError>,
+}
+
+impl ClientContext for Deliveries {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        Quiet.log(level, fac, message)
+    }
+    fn error(&self, error: KafkaError, reason: &str) {
+        Quiet.error(error, reason)
+    }
+}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut s = self.state.lock().unwrap();
+        match result {
+            Ok(m) => s.last_offset = s.last_offset.max(Some(m.offset())),
+            Err((e, _)) => {
+                s.error.get_or_insert_with(|| e.clone());
+            }
+        }
+    }
+}
+
+/// A transactional changelog in one Kafka topic partition.
+pub struct KafkaLog {
+    s: KafkaSettings,
+    producer: BaseProducer<Deliveries>,
+    consumer: BaseConsumer<Quiet>,
+    in_transaction: bool,
+    /// The last appended record, sent at the next append, or at commit with
+    /// the end header (the header must go on the transaction's last record).
+    held: Option<Record>,
+    last: Option<CommitInfo>,
+}
+
+fn client_config(s: &KafkaSettings) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &s.bootstrap_servers);
+    for (k, v) in &s.properties {
+        c.set(k, v);
+    }
+    c
+}
+
+fn error_code(e: &KafkaError) -> Option<RDKafkaErrorCode> {
+    match e {
+        KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    }
+}
+
+fn is_fenced(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::TransactionCoordinatorFenced
+        )
+    )
+}
+
+impl KafkaLog {
+    /// Connects, creates the topic if asked, takes over the transactional
+    /// id (aborting a predecessor's open transaction) and reads the last
+    /// committed transaction from the group's offset.
+    pub fn open(s: &KafkaSettings) -> Result<Self> {
+        let where_ = format!(
+            "topic `{}` partition {} at {}",
+            s.topic, s.partition, s.bootstrap_servers
+        );
+        let consumer: BaseConsumer<Quiet> = client_config(s)
+            .set("group.id", &s.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .create_with_context(Quiet)
+            .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
+        let count_partitions = || -> Result<usize> {
+            let metadata = consumer
+                .fetch_metadata(Some(&s.topic), s.timeout)
+                .map_err(|e| anyhow!("changelog: cannot reach Kafka for {where_}: {e}"))?;
+            Ok(metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == s.topic)
+                .filter(|t| t.error().is_none())
+                .map_or(0, |t| t.partitions().len()))
+        };
+        let mut partitions = count_partitions()?;
+        if partitions == 0 && s.create_topic {
+            create_topic(s).with_context(|| format!("changelog: cannot create {where_}"))?;
+            let deadline = Instant::now() + s.timeout;
+            while partitions == 0 && Instant::now() < deadline {
+                partitions = count_partitions()?; // creation propagates to metadata
+            }
+        }
+        if partitions == 0 {
+            bail!(
+                "changelog: topic `{}` does not exist at {} (set changelog.create_topic = true to create it)",
+                s.topic,
+                s.bootstrap_servers
+            );
+        }
+        if s.partition as usize >= partitions {
+            bail!(
+                "changelog: topic `{}` has {partitions} partition(s); partition {} does not exist",
+                s.topic,
+                s.partition
+            );
+        }
+        let producer: BaseProducer<Deliveries> = client_config(s)
+            .set("transactional.id", &s.transactional_id)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set(
+                "transaction.timeout.ms",
+                (s.timeout.as_millis().max(1000) * 2).to_string(),
+            )
+            .create_with_context(Deliveries::default())
+            .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
+        let mut log = KafkaLog {
+            s: s.clone(),
+            producer,
+            consumer,
+            in_transaction: false,
+            held: None,
+            last: None,
+        };
+        log.producer
+            .init_transactions(s.timeout)
+            .map_err(|e| log.error("init_transactions", e))?;
+        log.last = log.read_last_commit()?;
+        Ok(log)
+    }
+
+    /// The committed offset of (topic, partition) in the group: the input
+    /// position, with the changelog end in its metadata.
+    fn read_last_commit(&self) -> Result<Option<CommitInfo>> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.s.topic, self.s.partition);
+        let committed = self
+            .consumer
+            .committed_offsets(tpl, self.s.timeout)
+            .map_err(|e| self.error("read the committed offset", e))?;
+        let Some(elem) = committed.find_partition(&self.s.topic, self.s.partition) else {
+            return Ok(None);
+        };
+        let input_position = match elem.offset() {
+            Offset::Offset(n) if n >= 0 => n as u64,
+            _ => return Ok(None),
+        };
+        let offset = elem
+            .metadata()
+            .strip_prefix(END_METADATA)
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| {
+                anyhow!(
+                    "changelog: group `{}` has an offset for topic `{}` partition {} without txstore's metadata \
+                     (`{}`): the group is used by something else; set changelog.group_id",
+                    self.s.group_id,
+                    self.s.topic,
+                    self.s.partition,
+                    elem.metadata()
+                )
+            })?;
+        Ok(Some(CommitInfo {
+            offset,
+            input_position,
+        }))
+    }
+
+    /// One error line naming the operation and the partition; fencing is
+    /// told apart because it means another instance has taken over.
+    fn error(&self, op: &str, e: KafkaError) -> anyhow::Error {
+        // After a fatal error librdkafka reports `Fatal` or purged messages
+        // everywhere; the cause (fencing, usually) is kept on the client.
+        let (code, detail) = match self.producer.client().fatal_error() {
+            Some((c, text)) => (Some(c), text),
+            None => (error_code(&e), e.to_string()),
+        };
+        if is_fenced(code) {
+            anyhow!(
+                "changelog: fenced: another instance with transactional id `{}` took over topic `{}` partition {}; \
+                 this one stops (everything it committed is in the changelog, its open transaction is aborted)",
+                self.s.transactional_id,
+                self.s.topic,
+                self.s.partition
+            )
+        } else {
+            anyhow!(
+                "changelog: Kafka {op} failed for topic `{}` partition {} at {}: {detail}",
+                self.s.topic,
+                self.s.partition,
+                self.s.bootstrap_servers
+            )
+        }
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        if !self.in_transaction {
+            *self.producer.context().state.lock().unwrap() = DeliveryState::default();
+            self.producer
+                .begin_transaction()
+                .map_err(|e| self.error("begin_transaction", e))?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+
+    fn send(&self, record: &Record, end: Option<u64>) -> Result<()> {
+        let (key, value) = match record {
+            Record::Put(k, v) => (k, Some(v)),
+            Record::Delete(k) => (k, None),
+        };
+        let end_bytes = end.map(u64::to_be_bytes);
+        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.s.topic)
+            .partition(self.s.partition)
+            .key(&key[..]);
+        if let Some(v) = value {
+            r = r.payload(&v[..]);
+        }
+        if let Some(b) = &end_bytes {
+            r = r.headers(OwnedHeaders::new().insert(Header {
+                key: END_HEADER,
+                value: Some(&b[..]),
+            }));
+        }
+        let deadline = Instant::now() + self.s.timeout;
+        loop {
+            match self.producer.send(r) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    // The local queue is full: serve delivery reports, retry.
+                    self.producer.poll(Duration::from_millis(10));
+                    r = back;
+                }
+                Err((e, _)) => return Err(self.error("produce", e)),
+            }
+        }
+    }
+
+    /// Waits until every sent record is acknowledged. rdkafka's own
+    /// `flush` polls in 100 ms slices whether or not reports arrive, which
+    /// would put 100 ms into every commit; this polls in 1 ms slices.
+    fn flush(&self) -> Result<()> {
+        let deadline = Instant::now() + self.s.timeout;
+        while self.producer.in_flight_count() > 0 {
+            if Instant::now() >= deadline {
+                return Err(self.error(
+                    "flush",
+                    KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut),
+                ));
+            }
+            self.producer.poll(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    fn end_header(m: &BorrowedMessage<'_>) -> bool {
+        m.headers()
+            .is_some_and(|h| h.iter().any(|h| h.key == END_HEADER))
+    }
+}
+
+fn create_topic(s: &KafkaSettings) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client_config(s).create()?;
+    let topic = NewTopic::new(
+        &s.topic,
+        s.topic_partitions,
+        TopicReplication::Fixed(s.replication_factor),
+    )
+    .set("cleanup.policy", "compact");
+    let options = AdminOptions::new().operation_timeout(Some(s.timeout));
+    let results = futures_executor::block_on(admin.create_topics([&topic], &options))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => bail!("topic `{name}`: {code}"),
+        }
+    }
+    Ok(())
+}
+
+impl Changelog for KafkaLog {
+    fn append(&mut self, record: &Record) -> Result<()> {
+        self.begin()?;
+        if let Some(previous) = self.held.replace(record.clone()) {
+            self.send(&previous, None)?;
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, input_position: u64) -> Result<u64> {
+        self.begin()?;
+        if let Some(last) = self.held.take() {
+            self.send(&last, Some(input_position))?;
+        }
+        self.flush()?;
+        let state = std::mem::take(&mut *self.producer.context().state.lock().unwrap());
+        if let Some(e) = state.error {
+            let err = self.error("deliver", e);
+            let _ = self.abort();
+            return Err(err);
+        }
+        let offset = match state.last_offset {
+            Some(last) => last as u64 + 1,
+            None => self.end_offset(), // offsets only: the log does not move
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(
+            &self.s.topic,
+            self.s.partition,
+            Offset::Offset(input_position as i64),
+        )?;
+        if let Some(mut elem) = tpl.find_partition(&self.s.topic, self.s.partition) {
+            elem.set_metadata(format!("{END_METADATA}{offset}"));
+        }
+        let group = self
+            .consumer
+            .group_metadata()
+            .context("changelog: the consumer has no group metadata")?;
+        self.producer
+            .send_offsets_to_transaction(&tpl, &group, self.s.timeout)
+            .map_err(|e| self.error("send_offsets_to_transaction", e))?;
+        self.producer
+            .commit_transaction(self.s.timeout)
+            .map_err(|e| self.error("commit_transaction", e))?;
+        self.in_transaction = false;
+        assert!(
+            offset >= self.end_offset(),
+            "the changelog end moved backwards"
+        );
+        self.last = Some(CommitInfo {
+            offset,
+            input_position,
+        });
+        Ok(offset)
+    }
+
+    fn abort(&mut self) -> Result<()> {
+        self.held = None;
+        if self.in_transaction {
+            self.in_transaction = false;
+            self.producer
+                .abort_transaction(self.s.timeout)
+                .map_err(|e| self.error("abort_transaction", e))?;
+        }
+        Ok(())
+    }
+
+    fn read_committed(
+        &mut self,
+        from: u64,
+        f: &mut dyn FnMut(Replayed) -> Result<()>,
+    ) -> Result<()> {
+        let end = self.end_offset();
+        if from >= end {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.s.topic, self.s.partition, Offset::Offset(from as i64))?;
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| self.error("assign", e))?;
+        let mut position = from;
+        let mut last_progress = Instant::now();
+        let result = (|| -> Result<()> {
+            while position < end {
+                match self.consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) => {
+                        let offset = m.offset() as u64;
+                        if offset >= end {
+                            break;
+                        }
+                        let key = m.key().ok_or_else(|| {
+                            anyhow!(
+                                "changelog: record at offset {offset} of topic `{}` partition {} has no key: \
+                                 not a txstore changelog",
+                                self.s.topic,
+                                self.s.partition
+                            )
+                        })?;
+                        let record = match m.payload() {
+                            Some(v) => Record::Put(key.to_vec(), v.to_vec()),
+                            None => Record::Delete(key.to_vec()),
+                        };
+                        f(Replayed::Record(record))?;
+                        if Self::end_header(&m) || offset + 1 == end {
+                            f(Replayed::Commit(offset + 1))?;
+                        }
+                        position = offset + 1;
+                        last_progress = Instant::now();
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) => {
+                        // The end of the committed data. Compaction may have
+                        // removed the last records before `end`; the
+                        // consumer's position says whether we are past them.
+                        let at = self.consumer.position().ok().and_then(|p| {
+                            p.find_partition(&self.s.topic, self.s.partition)
+                                .map(|e| e.offset())
+                        });
+                        if let Some(Offset::Offset(n)) = at {
+                            if n as u64 >= end {
+                                if position < end {
+                                    f(Replayed::Commit(end))?;
+                                }
+                                position = end;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => return Err(self.error("consume", e)),
+                    None => {}
+                }
+                if last_progress.elapsed() > self.s.timeout {
+                    bail!(
+                        "changelog: reading topic `{}` partition {} stalled at offset {position}, before the committed \
+                         end {end}",
+                        self.s.topic,
+                        self.s.partition
+                    );
+                }
+            }
+            Ok(())
+        })();
+        let _ = self.consumer.unassign();
+        result
+    }
+
+    fn check_replayable(&mut self, from: u64) -> Result<()> {
+        let end = self.end_offset();
+        if from >= end {
+            return Ok(());
+        }
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&self.s.topic, self.s.partition, self.s.timeout)
+            .map_err(|e| self.error("fetch_watermarks", e))?;
+        if (from as i64) < low {
+            bail!(
+                "changelog: topic `{}` partition {} starts at offset {low} but the store needs its records from offset \
+                 {from} (deleted by retention?); nothing was changed",
+                self.s.topic,
+                self.s.partition
+            );
+        }
+        if (high as u64) < end {
+            bail!(
+                "changelog: topic `{}` partition {} ends at offset {high} but group `{}` committed up to {end} \
+                 (topic deleted and recreated?); nothing was changed",
+                self.s.topic,
+                self.s.partition,
+                self.s.group_id
+            );
+        }
+        Ok(())
+    }
+
+    fn last_commit(&self) -> Option<CommitInfo> {
+        self.last
+    }
+}
