@@ -117,6 +117,37 @@ fn other_world_is_refused() {
     );
 }
 
+/// A guest that imports an interface the host does not link (here
+/// wasi:http, and a WASI release the host does not have) is refused before
+/// it runs, with one line naming the import.
+#[test]
+fn unprovided_import_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for import in [
+        "wasi:http/outgoing-handler@0.2.0",
+        "wasi:cli/environment@0.3.0",
+    ] {
+        let wat = format!(
+            r#"(component
+                (import "{import}" (instance (export "f" (func))))
+                (instance $api)
+                (export "txstore:store/state-store@0.1.0" (instance $api)))"#
+        );
+        let path = dir.path().join("imports.wasm");
+        std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+        let out = txstore(&["inspect", path.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+        assert!(
+            line.contains(&format!(
+                "imports `{import}`, which this host does not provide"
+            )),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn config_typo_names_file_and_line() {
     let dir = tempfile::tempdir().unwrap();

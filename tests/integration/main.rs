@@ -6,6 +6,7 @@ mod common;
 mod conformance;
 mod kafka;
 mod kv;
+mod polyglot;
 mod protocol;
 mod sandbox;
 mod strategies;

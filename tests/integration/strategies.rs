@@ -116,7 +116,8 @@ fn crash_everywhere(guest: &str, points: &[String], recover_sweep: bool) -> u64 
     crashes
 }
 
-fn sweep(guest: &str) {
+/// The whole sweep for one guest (a built-in name or a `.wasm` path).
+pub fn sweep(guest: &str) {
     let mut crashes = 0;
     for points in SCENARIOS {
         let points: Vec<String> = points.iter().map(|p| p.to_string()).collect();

@@ -193,8 +193,7 @@ impl Runtime {
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("guest {label} cannot be linked"))?;
+            .map_err(|e| link_error(label, &format!("{e:#}")))?;
         let pre = bindings::StorePre::new(pre)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
@@ -232,7 +231,14 @@ impl Runtime {
                 // header and version again.
                 unsafe { Component::deserialize(&self.engine, &code) }.map_err(anyhow::Error::from)
             }) {
-                Ok(c) => return Ok((c, true)),
+                Ok(c) => {
+                    // The modification time orders entries for pruning.
+                    let _ = std::fs::File::options()
+                        .append(true)
+                        .open(path)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                    return Ok((c, true));
+                }
                 Err(e) => tracing::warn!(
                     "cached compilation {} is unusable ({e:#}); recompiling",
                     path.display()
@@ -246,6 +252,7 @@ impl Runtime {
             if let Err(e) = write_cache(&path, &component.serialize()?) {
                 tracing::warn!("cannot cache compiled guest at {}: {e:#}", path.display());
             }
+            prune_cache(path.parent().unwrap(), CACHE_MAX_BYTES, &path);
         }
         Ok((component, false))
     }
@@ -254,6 +261,42 @@ impl Runtime {
 /// A cached compilation ends in its CRC32C and this tag, so a truncated or
 /// damaged file is recompiled instead of being mapped as code.
 const CACHE_TAG: &[u8; 4] = b"TXCC";
+
+/// The most compiled code the cache keeps. Guests that embed a language
+/// runtime compile to tens of MB, and their builds are often not
+/// reproducible (each rebuild is a new hash), so the cache must forget.
+pub const CACHE_MAX_BYTES: u64 = 1 << 30;
+
+/// Removes the least recently used cache entries until the `.cwasm` files
+/// in `dir` fit in `max` bytes; `keep` (just written) is never removed.
+/// Best effort: a failure only leaves the cache larger.
+pub fn prune_cache(dir: &Path, max: u64, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((m.modified().ok()?, m.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = files.iter().map(|f| f.1).sum();
+    files.sort();
+    for (_, len, path) in files {
+        if total <= max {
+            break;
+        }
+        if path != keep && std::fs::remove_file(&path).is_ok() {
+            tracing::info!(
+                "compiled-guest cache over {max} bytes: removed {}",
+                path.display()
+            );
+            total -= len;
+        }
+    }
+}
 
 fn write_cache(path: &Path, code: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap();
@@ -302,6 +345,31 @@ fn check_is_component(label: &str, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// What the linker offers a guest, for error messages.
+const PROVIDED: &str =
+    "txstore:store/storage@0.1.0 and WASI 0.2 (cli, clocks, filesystem, io, random, \
+                        sockets; with no files, environment, network or clock)";
+
+/// One line for a failed link, naming the import wasmtime could not match
+/// (its message has the form "component imports instance `NAME`, but ...").
+fn link_error(label: &str, message: &str) -> anyhow::Error {
+    let name = message
+        .split_once("imports instance `")
+        .or_else(|| message.split_once("imports func `"))
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(name, _)| name);
+    match name {
+        Some(name) => {
+            let why = message.split_once(": ").map_or(message, |(_, why)| why);
+            anyhow::anyhow!(
+                "guest {label} imports `{name}`, which this host does not provide in the form the guest expects \
+                 ({why}); the host links only {PROVIDED}: rebuild the guest without that import"
+            )
+        }
+        None => anyhow::anyhow!("guest {label} cannot be linked: {message}"),
+    }
+}
+
 /// Checks that the component exports our `state-store` at our version and
 /// imports nothing but our `storage` and WASI. Returns (exports, imports).
 fn check_world(
@@ -337,7 +405,7 @@ fn check_world(
     }
     for name in &imports {
         if ours(name).is_none() && !name.starts_with("wasi:") {
-            bail!("guest {label} imports `{name}`, which txstore does not provide (only {want} storage and WASI preview 2)");
+            bail!("guest {label} imports `{name}`, which this host does not provide; it links only {PROVIDED}");
         }
     }
     Ok((exports, imports))
@@ -352,5 +420,37 @@ impl GuestComponent {
         limits: &Limits,
     ) -> Result<StoreInstance> {
         StoreInstance::new(self, storage, store_name, limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prune_cache;
+    use std::time::{Duration, SystemTime};
+
+    /// Oldest first, until the rest fits; the entry just written stays even
+    /// when it alone is over the limit; other files are not touched.
+    #[test]
+    fn prune_removes_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = SystemTime::now() - Duration::from_secs(1000);
+        let mut paths = Vec::new();
+        for (i, name) in ["old.cwasm", "mid.cwasm", "new.cwasm", "notes.txt"]
+            .iter()
+            .enumerate()
+        {
+            let p = dir.path().join(name);
+            std::fs::write(&p, vec![0u8; 100]).unwrap();
+            let f = std::fs::File::options().append(true).open(&p).unwrap();
+            f.set_modified(t0 + Duration::from_secs(i as u64 * 10))
+                .unwrap();
+            paths.push(p);
+        }
+        prune_cache(dir.path(), 250, &paths[2]);
+        let left: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
+        assert_eq!(left, [false, true, true, true]);
+        prune_cache(dir.path(), 50, &paths[2]);
+        let left: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
+        assert_eq!(left, [false, false, true, true]);
     }
 }

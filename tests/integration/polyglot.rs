@@ -1,0 +1,110 @@
+//! Guests written in other languages, built by their own scripts with their
+//! own tools (componentize-py for Python, jco/componentize-js for
+//! JavaScript), then held to the same checks as the built-in guests: the
+//! conformance suite and the word-count crash sweep.
+//!
+//! A missing tool skips the tests with one `SKIPPED` line on stderr; with
+//! `TXSTORE_REQUIRE_POLYGLOT=1` (CI) it fails them instead.
+
+use crate::common::{ok, txstore};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Exit code of a build script whose tool is not installed.
+const SKIPPED: i32 = 3;
+
+/// Builds `examples/{example}` with its `build.sh` into this test run's
+/// temporary directory and compiles it once (so the tests that use it do
+/// not race to compile the same large component). `None` after saying why
+/// when the tool is missing.
+fn build(example: &str, wasm: &str) -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(example);
+    let out = Command::new("bash")
+        .arg(root.join("examples").join(example).join("build.sh"))
+        .arg(&out_dir)
+        .output()
+        .expect("run bash");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.code() == Some(SKIPPED) {
+        if std::env::var_os("TXSTORE_REQUIRE_POLYGLOT").is_some_and(|v| v == "1") {
+            panic!("TXSTORE_REQUIRE_POLYGLOT=1 but examples/{example} was not built: {said}");
+        }
+        return Err(said.trim().to_string());
+    }
+    assert!(
+        out.status.success(),
+        "examples/{example}/build.sh failed: {said}"
+    );
+    let path = out_dir.join(wasm);
+    ok(&txstore(&["inspect", path.to_str().unwrap()]));
+    Ok(path)
+}
+
+/// The built guest, or `None` after telling the test's skip reason.
+fn built(b: &'static Result<PathBuf, String>, test: &str) -> Option<&'static Path> {
+    match b {
+        Ok(path) => Some(path),
+        Err(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+    }
+}
+
+fn python_guest(test: &str) -> Option<&'static Path> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    built(
+        BUILT.get_or_init(|| build("python-guest", "python_guest.wasm")),
+        test,
+    )
+}
+
+fn js_guest(test: &str) -> Option<&'static Path> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    built(
+        BUILT.get_or_init(|| build("js-guest", "js_guest.wasm")),
+        test,
+    )
+}
+
+/// The suite's full crash exploration at its default settings.
+fn conformance(guest: &Path) {
+    let out = txstore(&["conformance", guest.to_str().unwrap()]);
+    let text = ok(&out);
+    assert!(text.contains(": PASS ("), "{text}");
+    eprintln!("{}", text.trim());
+}
+
+#[test]
+fn python_guest_passes_conformance() {
+    if let Some(guest) = python_guest("python_guest_passes_conformance") {
+        conformance(guest);
+    }
+}
+
+#[test]
+fn python_guest_word_count_is_exact_after_every_crash() {
+    if let Some(guest) = python_guest("python_guest_word_count_is_exact_after_every_crash") {
+        crate::strategies::sweep(guest.to_str().unwrap());
+    }
+}
+
+#[test]
+fn js_guest_passes_conformance() {
+    if let Some(guest) = js_guest("js_guest_passes_conformance") {
+        conformance(guest);
+    }
+}
+
+#[test]
+fn js_guest_word_count_is_exact_after_every_crash() {
+    if let Some(guest) = js_guest("js_guest_word_count_is_exact_after_every_crash") {
+        crate::strategies::sweep(guest.to_str().unwrap());
+    }
+}
