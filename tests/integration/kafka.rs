@@ -43,19 +43,19 @@ fn noida_db() -> Option<PathBuf> {
 /// Starts a broker on a free loopback port; it stops when this process does.
 fn start_broker() -> Result<String, String> {
     let exe = noida_db().ok_or(
-        "noida-db not found (install: python3 -m venv ~/.cache/txstore-tools/broker && \
-         ~/.cache/txstore-tools/broker/bin/pip install noida-db==0.2.3)",
+        "noida-db not found (install it with scripts/install-tools.sh, or set TXSTORE_KAFKA_BOOTSTRAP to a broker)",
     )?;
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free port: {e}"))?
         .port();
     let data: &'static tempfile::TempDir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
-    // A watchdog shell ends the broker when the test process is gone.
-    let script = r#""$0" start --only kafka --kafka-port "$1" --data-dir "$2" >"$2/broker.log" 2>&1 &
+    // A watchdog shell ends the broker when the test process is gone. The
+    // broker gets its own process group: the pip wrapper runs it as a child.
+    let script = r#"setsid "$0" start --only kafka --kafka-port "$1" --data-dir "$2" >"$2/broker.log" 2>&1 &
 b=$!
 while kill -0 "$3" 2>/dev/null && kill -0 "$b" 2>/dev/null; do sleep 1; done
-kill "$b" 2>/dev/null"#;
+kill -- "-$b" 2>/dev/null"#;
     Command::new("sh")
         .args(["-c", script])
         .arg(&exe)
