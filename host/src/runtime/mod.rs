@@ -223,13 +223,17 @@ impl Runtime {
     fn compile_cached(&self, label: &str, bytes: &[u8], hash: &str) -> Result<(Component, bool)> {
         let path = self.cache_path(hash);
         if let Some(path) = path.as_ref().filter(|p| p.exists()) {
-            match read_cache(path).and_then(|code| {
-                // SAFETY: the bytes are what `Component::serialize` wrote for
+            match check_cache(path).and_then(|()| {
+                // SAFETY: the file is what `Component::serialize` wrote for
                 // an engine with the same compatibility hash (it is in the
-                // name), and their CRC32C matched, so neither a torn write
+                // name), and its CRC32C matched, so neither a torn write
                 // nor a flipped bit reaches wasmtime; wasmtime checks the
-                // header and version again.
-                unsafe { Component::deserialize(&self.engine, &code) }.map_err(anyhow::Error::from)
+                // header and version again. Mapping the file (rather than
+                // reading it) lets large guests start without copying their
+                // code and initial heap. Nothing rewrites a cache file in
+                // place: new entries are renamed over, old ones unlinked.
+                unsafe { Component::deserialize_file(&self.engine, path) }
+                    .map_err(anyhow::Error::from)
             }) {
                 Ok(c) => {
                     // The modification time orders entries for pruning.
@@ -310,19 +314,33 @@ fn write_cache(path: &Path, code: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The code of a cached compilation, if its trailer checks out.
-fn read_cache(path: &Path) -> Result<Vec<u8>> {
-    let mut bytes = std::fs::read(path)?;
-    let n = bytes.len();
-    if n < 8 || &bytes[n - 4..] != CACHE_TAG {
+/// Checks a cached compilation's trailer: its CRC32C over the code.
+fn check_cache(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let n = file.metadata()?.len();
+    if n < 8 {
         anyhow::bail!("no trailer: truncated or not written by txstore");
     }
-    let want = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap());
-    bytes.truncate(n - 8);
-    if crc32c::crc32c(&bytes) != want {
+    let mut code = (&mut file).take(n - 8);
+    let mut crc = 0u32;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let got = code.read(&mut buf)?;
+        if got == 0 {
+            break;
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..got]);
+    }
+    let mut trailer = [0u8; 8];
+    file.read_exact(&mut trailer)?;
+    if &trailer[4..] != CACHE_TAG {
+        anyhow::bail!("no trailer: truncated or not written by txstore");
+    }
+    if crc != u32::from_le_bytes(trailer[..4].try_into().unwrap()) {
         anyhow::bail!("checksum mismatch");
     }
-    Ok(bytes)
+    Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {
