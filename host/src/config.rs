@@ -416,6 +416,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn kafka_changelog_settings() {
+        let base = "[store]\nname = \"wc\"\nguest = \"g\"\nstate_dir = \"s\"\n[changelog]\n";
+        let parse =
+            |extra: &str| Config::parse(&format!("{base}{extra}"), "c.toml", Path::new("."));
+        let err = |extra: &str| format!("{:#}", parse(extra).unwrap_err());
+        assert_eq!(
+            err("kind = \"kafka\"\n"),
+            "c.toml: changelog.kind = \"kafka\" needs changelog.bootstrap_servers"
+        );
+        assert_eq!(
+            err("topic = \"t\"\n"),
+            "c.toml: changelog.topic is only for kind = \"kafka\""
+        );
+        assert!(err("kind = \"kafak\"\n").starts_with("c.toml:6: unknown variant `kafak`"));
+        let c = parse("kind = \"kafka\"\nbootstrap_servers = \"b:9092\"\npartition = 3\n").unwrap();
+        let k = c.kafka().unwrap();
+        assert_eq!(k.topic, "wc-changelog");
+        assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
+        assert_eq!(k.group_id, k.transactional_id);
+        assert_eq!(k.topic_partitions, 4);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
 

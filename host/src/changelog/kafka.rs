@@ -184,7 +184,8 @@ impl KafkaLog {
             create_topic(s).with_context(|| format!("changelog: cannot create {where_}"))?;
             let deadline = Instant::now() + s.timeout;
             while partitions == 0 && Instant::now() < deadline {
-                partitions = count_partitions()?; // creation propagates to metadata
+                std::thread::sleep(Duration::from_millis(20)); // creation propagates to metadata
+                partitions = count_partitions()?;
             }
         }
         if partitions == 0 {
