@@ -352,3 +352,23 @@ fn conformance_passes_on_a_kafka_changelog() {
         "{text}"
     );
 }
+
+/// `properties` tune librdkafka but cannot change what exactly-once rests
+/// on (no broker needed: the check comes before any connection).
+#[test]
+fn properties_may_not_weaken_the_guarantees() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "buffered",
+        "[changelog]\nkind = \"kafka\"\nbootstrap_servers = \"127.0.0.1:1\"\n\
+         properties = { \"isolation.level\" = \"read_uncommitted\" }\n",
+    );
+    let out = txstore(&["put", "k", "v", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("changelog.properties may not set `isolation.level`"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -30,7 +30,9 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
+};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -41,6 +43,19 @@ use std::time::{Duration, Instant};
 pub const END_HEADER: &str = "txstore.txn-end";
 /// Prefix of the offset metadata that holds the changelog's committed end.
 const END_METADATA: &str = "txstore-changelog-end=";
+/// librdkafka settings the guarantees rest on: `properties` may not change them.
+const PROTECTED: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "transactional.id",
+    "isolation.level",
+    "enable.idempotence",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "auto.offset.reset",
+    "acks",
+];
 
 /// Where the changelog lives and who writes it (see `[changelog]` in the config).
 #[derive(Clone, Debug)]
@@ -116,15 +131,25 @@ pub struct KafkaLog {
     producer: BaseProducer<Deliveries>,
     consumer: BaseConsumer<Quiet>,
     in_transaction: bool,
+    /// An operation of the open transaction failed: only `abort` may follow
+    /// (retrying could commit the transaction without what failed).
+    failed: bool,
+    /// The producer's `transaction.timeout.ms`, for the fencing message.
+    transaction_timeout_ms: String,
     /// The last appended record, sent at the next append, or at commit with
     /// the end header (the header must go on the transaction's last record).
     held: Option<Record>,
     last: Option<CommitInfo>,
 }
 
-fn client_config(s: &KafkaSettings) -> ClientConfig {
+/// A client config: our settings, then the user's `properties` (which may
+/// override tuning such as `linger.ms`, never a [`PROTECTED`] key).
+fn client_config(s: &KafkaSettings, settings: &[(&str, String)]) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &s.bootstrap_servers);
+    for (k, v) in settings {
+        c.set(*k, v);
+    }
     for (k, v) in &s.properties {
         c.set(k, v);
     }
@@ -159,15 +184,27 @@ impl KafkaLog {
             "topic `{}` partition {} at {}",
             s.topic, s.partition, s.bootstrap_servers
         );
-        let consumer: BaseConsumer<Quiet> = client_config(s)
-            .set("group.id", &s.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest")
-            .create_with_context(Quiet)
-            .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
+        if let Some(k) = s
+            .properties
+            .keys()
+            .find(|k| PROTECTED.contains(&k.as_str()))
+        {
+            bail!("changelog.properties may not set `{k}`: txstore's exactly-once depends on its value");
+        }
+        let consumer: BaseConsumer<Quiet> = client_config(
+            s,
+            &[
+                ("group.id", s.group_id.clone()),
+                ("enable.auto.commit", "false".into()),
+                ("enable.auto.offset.store", "false".into()),
+                ("isolation.level", "read_committed".into()),
+                ("enable.partition.eof", "true".into()),
+                // A replay must never skip records silently.
+                ("auto.offset.reset", "error".into()),
+            ],
+        )
+        .create_with_context(Quiet)
+        .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
         let count_partitions = || -> Result<usize> {
             let metadata = consumer
                 .fetch_metadata(Some(&s.topic), s.timeout)
@@ -202,15 +239,24 @@ impl KafkaLog {
                 s.partition
             );
         }
-        let producer: BaseProducer<Deliveries> = client_config(s)
-            .set("transactional.id", &s.transactional_id)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "2")
-            .set(
-                "transaction.timeout.ms",
-                (s.timeout.as_millis().max(1000) * 2).to_string(),
-            )
+        let producer_config = client_config(
+            s,
+            &[
+                ("transactional.id", s.transactional_id.clone()),
+                ("enable.idempotence", "true".into()),
+                ("acks", "all".into()),
+                ("linger.ms", "2".into()),
+                (
+                    "transaction.timeout.ms",
+                    (s.timeout.as_millis().max(1000) * 2).to_string(),
+                ),
+            ],
+        );
+        let transaction_timeout_ms = producer_config
+            .get("transaction.timeout.ms")
+            .unwrap_or("?")
+            .to_string();
+        let producer: BaseProducer<Deliveries> = producer_config
             .create_with_context(Deliveries::default())
             .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
         let mut log = KafkaLog {
@@ -218,6 +264,8 @@ impl KafkaLog {
             producer,
             consumer,
             in_transaction: false,
+            failed: false,
+            transaction_timeout_ms,
             held: None,
             last: None,
         };
@@ -240,6 +288,8 @@ impl KafkaLog {
         let Some(elem) = committed.find_partition(&self.s.topic, self.s.partition) else {
             return Ok(None);
         };
+        elem.error()
+            .map_err(|e| self.error("read the committed offset", e))?;
         let input_position = match elem.offset() {
             Offset::Offset(n) if n >= 0 => n as u64,
             _ => return Ok(None),
@@ -275,11 +325,13 @@ impl KafkaLog {
         };
         if is_fenced(code) {
             anyhow!(
-                "changelog: fenced: another instance with transactional id `{}` took over topic `{}` partition {}; \
-                 this one stops (everything it committed is in the changelog, its open transaction is aborted)",
+                "changelog: fenced: another instance with transactional id `{}` took over topic `{}` partition {} \
+                 (or a transaction stayed open past transaction.timeout.ms = {}); this one stops (everything it \
+                 committed is in the changelog, its open transaction is aborted)",
                 self.s.transactional_id,
                 self.s.topic,
-                self.s.partition
+                self.s.partition,
+                self.transaction_timeout_ms
             )
         } else {
             anyhow!(
@@ -292,6 +344,9 @@ impl KafkaLog {
     }
 
     fn begin(&mut self) -> Result<()> {
+        if self.failed {
+            bail!("changelog: an operation of the open transaction failed; it can only be aborted");
+        }
         if !self.in_transaction {
             *self.producer.context().state.lock().unwrap() = DeliveryState::default();
             self.producer
@@ -336,6 +391,63 @@ impl KafkaLog {
         }
     }
 
+    /// The partition's low watermark and stable end (this consumer reads
+    /// committed data), waiting up to the timeout for the stable end to
+    /// reach `end`: the broker writes commit markers after the commit
+    /// returns, so the stable end can briefly lag.
+    fn watermarks(&self, end: u64) -> Result<(i64, i64)> {
+        let deadline = Instant::now() + self.s.timeout;
+        loop {
+            let (low, high) = self
+                .consumer
+                .fetch_watermarks(&self.s.topic, self.s.partition, self.s.timeout)
+                .map_err(|e| self.error("fetch_watermarks", e))?;
+            if high as u64 >= end || Instant::now() >= deadline {
+                return Ok((low, high));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The commit of the open transaction; the caller records the outcome.
+    fn commit_open(&mut self, input_position: u64) -> Result<u64> {
+        if let Some(last) = &self.held {
+            self.send(last, Some(input_position))?;
+        }
+        self.flush()?;
+        let (last_offset, error) = {
+            let state = self.producer.context().state.lock().unwrap();
+            (state.last_offset, state.error.clone())
+        };
+        if let Some(e) = error {
+            return Err(self.error("deliver", e));
+        }
+        let offset = match last_offset {
+            Some(last) => last as u64 + 1,
+            None => self.end_offset(), // offsets only: the log does not move
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(
+            &self.s.topic,
+            self.s.partition,
+            Offset::Offset(input_position as i64),
+        )?;
+        if let Some(mut elem) = tpl.find_partition(&self.s.topic, self.s.partition) {
+            elem.set_metadata(format!("{END_METADATA}{offset}"));
+        }
+        let group = self
+            .consumer
+            .group_metadata()
+            .context("changelog: the consumer has no group metadata")?;
+        self.producer
+            .send_offsets_to_transaction(&tpl, &group, self.s.timeout)
+            .map_err(|e| self.error("send_offsets_to_transaction", e))?;
+        self.producer
+            .commit_transaction(self.s.timeout)
+            .map_err(|e| self.error("commit_transaction", e))?;
+        Ok(offset)
+    }
+
     /// Waits until every sent record is acknowledged. rdkafka's own
     /// `flush` polls in 100 ms slices whether or not reports arrive, which
     /// would put 100 ms into every commit; this polls in 1 ms slices.
@@ -360,7 +472,7 @@ impl KafkaLog {
 }
 
 fn create_topic(s: &KafkaSettings) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = client_config(s).create()?;
+    let admin: AdminClient<DefaultClientContext> = client_config(s, &[]).create()?;
     let topic = NewTopic::new(
         &s.topic,
         s.topic_partitions,
@@ -381,67 +493,54 @@ fn create_topic(s: &KafkaSettings) -> Result<()> {
 impl Changelog for KafkaLog {
     fn append(&mut self, record: &Record) -> Result<()> {
         self.begin()?;
-        if let Some(previous) = self.held.replace(record.clone()) {
-            self.send(&previous, None)?;
+        if let Some(previous) = &self.held {
+            if let Err(e) = self.send(previous, None) {
+                self.failed = true;
+                return Err(e);
+            }
         }
+        self.held = Some(record.clone());
         Ok(())
     }
 
     fn commit(&mut self, input_position: u64) -> Result<u64> {
         self.begin()?;
-        if let Some(last) = self.held.take() {
-            self.send(&last, Some(input_position))?;
+        match self.commit_open(input_position) {
+            Ok(offset) => {
+                self.held = None;
+                self.in_transaction = false;
+                assert!(
+                    offset >= self.end_offset(),
+                    "the changelog end moved backwards"
+                );
+                self.last = Some(CommitInfo {
+                    offset,
+                    input_position,
+                });
+                Ok(offset)
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
         }
-        self.flush()?;
-        let state = std::mem::take(&mut *self.producer.context().state.lock().unwrap());
-        if let Some(e) = state.error {
-            let err = self.error("deliver", e);
-            let _ = self.abort();
-            return Err(err);
-        }
-        let offset = match state.last_offset {
-            Some(last) => last as u64 + 1,
-            None => self.end_offset(), // offsets only: the log does not move
-        };
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(
-            &self.s.topic,
-            self.s.partition,
-            Offset::Offset(input_position as i64),
-        )?;
-        if let Some(mut elem) = tpl.find_partition(&self.s.topic, self.s.partition) {
-            elem.set_metadata(format!("{END_METADATA}{offset}"));
-        }
-        let group = self
-            .consumer
-            .group_metadata()
-            .context("changelog: the consumer has no group metadata")?;
-        self.producer
-            .send_offsets_to_transaction(&tpl, &group, self.s.timeout)
-            .map_err(|e| self.error("send_offsets_to_transaction", e))?;
-        self.producer
-            .commit_transaction(self.s.timeout)
-            .map_err(|e| self.error("commit_transaction", e))?;
-        self.in_transaction = false;
-        assert!(
-            offset >= self.end_offset(),
-            "the changelog end moved backwards"
-        );
-        self.last = Some(CommitInfo {
-            offset,
-            input_position,
-        });
-        Ok(offset)
     }
 
     fn abort(&mut self) -> Result<()> {
         self.held = None;
         if self.in_transaction {
-            self.in_transaction = false;
+            // librdkafka's abort waits for every delivery report to be
+            // served; this producer serves them only when polled.
+            self.producer
+                .purge(PurgeConfig::default().queue().inflight());
+            self.flush()?;
             self.producer
                 .abort_transaction(self.s.timeout)
                 .map_err(|e| self.error("abort_transaction", e))?;
+            *self.producer.context().state.lock().unwrap() = DeliveryState::default();
+            self.in_transaction = false;
         }
+        self.failed = false;
         Ok(())
     }
 
@@ -453,6 +552,18 @@ impl Changelog for KafkaLog {
         let end = self.end_offset();
         if from >= end {
             return Ok(());
+        }
+        // Once the stable end has reached `end`, the consumer's end of
+        // partition can only come at or past `end`: everything committed
+        // before it has been delivered (or compacted away).
+        let (_, stable) = self.watermarks(end)?;
+        if (stable as u64) < end {
+            bail!(
+                "changelog: topic `{}` partition {} has committed data only up to offset {stable}, below the \
+                 committed end {end}",
+                self.s.topic,
+                self.s.partition
+            );
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.s.topic, self.s.partition, Offset::Offset(from as i64))?;
@@ -489,21 +600,12 @@ impl Changelog for KafkaLog {
                         last_progress = Instant::now();
                     }
                     Some(Err(KafkaError::PartitionEOF(_))) => {
-                        // The end of the committed data. Compaction may have
-                        // removed the last records before `end`; the
-                        // consumer's position says whether we are past them.
-                        let at = self.consumer.position().ok().and_then(|p| {
-                            p.find_partition(&self.s.topic, self.s.partition)
-                                .map(|e| e.offset())
-                        });
-                        if let Some(Offset::Offset(n)) = at {
-                            if n as u64 >= end {
-                                if position < end {
-                                    f(Replayed::Commit(end))?;
-                                }
-                                position = end;
-                            }
+                        // Past `end` (see above): compaction removed the
+                        // last records before it.
+                        if position < end {
+                            f(Replayed::Commit(end))?;
                         }
+                        position = end;
                     }
                     Some(Err(e)) => return Err(self.error("consume", e)),
                     None => {}
@@ -528,10 +630,7 @@ impl Changelog for KafkaLog {
         if from >= end {
             return Ok(());
         }
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(&self.s.topic, self.s.partition, self.s.timeout)
-            .map_err(|e| self.error("fetch_watermarks", e))?;
+        let (low, high) = self.watermarks(end)?;
         if (from as i64) < low {
             bail!(
                 "changelog: topic `{}` partition {} starts at offset {low} but the store needs its records from offset \
