@@ -9,6 +9,7 @@
 
 use crate::common::{ok, stderr, txstore, write_config};
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
+use crate::strategies::{INTERVAL, LINES, SCENARIOS};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -19,9 +20,6 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-const LINES: usize = 200;
-const INTERVAL: u64 = 50;
 
 /// Where to find `noida-db` when it is not on PATH: where `.ci/run` and
 /// the README install it.
@@ -164,26 +162,12 @@ fn kafka_word_count_is_exact_after_a_crash_at_every_protocol_step() {
     else {
         return;
     };
-    let scenarios: &[&[&str]] = &[
-        &["after-write@60"],
-        &["after-changelog-commit@2"],
-        &["after-store-commit@2"],
-        &["after-checkpoint"],
-        &["after-changelog-commit@2", "during-restore"],
-        &[
-            "after-changelog-commit",
-            "after-store-commit@2",
-            "after-write@30",
-            "after-changelog-commit",
-            "during-restore",
-        ],
-    ];
     // The guests run side by side: each process mostly waits on the broker.
     std::thread::scope(|scope| {
         for guest in ["buffered", "roll-forward", "roll-back", "wipe-on-crash"] {
             scope.spawn(move || {
                 let mut crashes = 0;
-                for points in scenarios {
+                for points in SCENARIOS {
                     let points: Vec<String> = points.iter().map(|p| p.to_string()).collect();
                     crash_and_finish(guest, bootstrap, &points);
                     crashes += points.len();

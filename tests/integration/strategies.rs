@@ -20,12 +20,12 @@ const RU: Isolation = Isolation::ReadUncommitted;
 
 /// Lines of input and records per commit for the sweeps: small enough to
 /// run hundreds of processes, large enough for several commits.
-const LINES: usize = 200;
-const INTERVAL: u64 = 50;
+pub const LINES: usize = 200;
+pub const INTERVAL: u64 = 50;
 
 /// Named-point scenarios for a transactional guest on `LINES` lines. Each
 /// `during-restore` follows a crash that leaves a transaction to replay.
-const SCENARIOS: &[&[&str]] = &[
+pub const SCENARIOS: &[&[&str]] = &[
     &["after-write@60"],
     &["after-changelog-commit@2"],
     &["after-store-commit@2"],

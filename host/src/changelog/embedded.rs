@@ -407,15 +407,17 @@ impl EmbeddedLog {
 }
 
 impl Changelog for EmbeddedLog {
-    fn append(&mut self, record: &Record) -> Result<()> {
-        let (op, key, value): (u8, &[u8], &[u8]) = match record {
-            Record::Put(k, v) => (OP_PUT, k, v),
-            Record::Delete(k) => (OP_DELETE, k, &[]),
-        };
-        self.write_frame(
-            KIND_DATA,
-            &[&[op], &(key.len() as u32).to_le_bytes(), key, value],
-        )?;
+    fn append(&mut self, records: &[Record]) -> Result<()> {
+        for record in records {
+            let (op, key, value): (u8, &[u8], &[u8]) = match record {
+                Record::Put(k, v) => (OP_PUT, k, v),
+                Record::Delete(k) => (OP_DELETE, k, &[]),
+            };
+            self.write_frame(
+                KIND_DATA,
+                &[&[op], &(key.len() as u32).to_le_bytes(), key, value],
+            )?;
+        }
         Ok(())
     }
 
@@ -557,10 +559,10 @@ mod tests {
         let mut log = EmbeddedLog::open(dir, 1 << 30).unwrap();
         for t in 0..txns {
             for i in 0..3u64 {
-                log.append(&Record::Put(
+                log.append(&[Record::Put(
                     format!("k{t}-{i}").into_bytes(),
                     vec![t as u8; (t * 7 % 50) as usize],
-                ))
+                )])
                 .unwrap();
             }
             log.commit(t + 1).unwrap();

@@ -491,15 +491,24 @@ fn create_topic(s: &KafkaSettings) -> Result<()> {
 }
 
 impl Changelog for KafkaLog {
-    fn append(&mut self, record: &Record) -> Result<()> {
+    fn append(&mut self, records: &[Record]) -> Result<()> {
+        let Some((last, rest)) = records.split_last() else {
+            return Ok(());
+        };
         self.begin()?;
-        if let Some(previous) = &self.held {
-            if let Err(e) = self.send(previous, None) {
-                self.failed = true;
-                return Err(e);
-            }
+        // Everything but the last record goes out now; the last is held
+        // (one copy per input record, not per write) in case it ends the
+        // transaction.
+        let sent = self
+            .held
+            .iter()
+            .chain(rest)
+            .try_for_each(|r| self.send(r, None));
+        if let Err(e) = sent {
+            self.failed = true;
+            return Err(e);
         }
-        self.held = Some(record.clone());
+        self.held = Some(last.clone());
         Ok(())
     }
 

@@ -76,8 +76,9 @@ pub struct CommitInfo {
 /// A transactional log. A transaction opens implicitly with the first
 /// `append` after a commit or abort.
 pub trait Changelog: Send {
-    /// Appends `record` to the open transaction (not visible to readers).
-    fn append(&mut self, record: &Record) -> Result<()>;
+    /// Appends `records` (one input record's writes, in order) to the open
+    /// transaction (not visible to readers).
+    fn append(&mut self, records: &[Record]) -> Result<()>;
     /// Durably commits the open transaction (possibly empty) together with
     /// the task's input position; returns the new committed offset.
     fn commit(&mut self, input_position: u64) -> Result<u64>;

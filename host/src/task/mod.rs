@@ -323,9 +323,7 @@ impl Task {
             Err(r) => return Err(r.error.into()),
             Ok(()) => {}
         }
-        for w in writes {
-            self.changelog.append(w)?;
-        }
+        self.changelog.append(writes)?;
         self.stats.writes += writes.len() as u64;
         self.pending_writes += writes.len() as u64;
         crash::step("after-write");
