@@ -9,11 +9,20 @@
 //!   the guest makes inside `commit` / `recover` (counted over the whole
 //!   process, from 1).
 //!
-//! By default the abort loses what a machine crash loses: every write not
-//! yet synced. A point ending in `+flush` first flushes every write the
-//! storage holds, then aborts: the other end of the durability model (a
-//! crash may keep any prefix of the write history, synced or not), which
-//! shows uncommitted writes a strategy failed to undo.
+//! A point may end in a mode that says what the crash keeps:
+//! - nothing (lossy): an abort. Storage loses every write not yet synced
+//!   (RocksDB runs without a WAL), but the host's own files keep every byte
+//!   written, since the page cache survives a process crash;
+//! - `+flush`: storage first flushes every write it holds, then aborts: the
+//!   other end of the durability model (a crash may keep any prefix of the
+//!   write history, synced or not), which shows uncommitted writes a
+//!   strategy failed to undo;
+//! - `+power` / `+power:SEED`: a simulated machine crash (power cut, kernel
+//!   panic). The host's files go back to what fsync made durable
+//!   ([`crate::file`]); storage keeps only its synced writes. With a seed,
+//!   a random choice among what the hardware may also keep: some of the
+//!   4 KiB pages written since the last fsync (others zero or old), and a
+//!   random prefix of the unsynced storage write batches.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -21,6 +30,8 @@ use std::sync::{Mutex, OnceLock};
 /// The protocol steps, in the order one commit reaches them.
 pub const STEPS: &[&str] = &[
     "after-write",
+    // The commit frame is written (in the page cache), not yet fsynced.
+    "before-changelog-sync",
     "after-changelog-commit",
     "after-store-commit",
     "after-checkpoint",
@@ -85,59 +96,104 @@ impl std::fmt::Display for CrashPoint {
     }
 }
 
-/// A crash point as armed: where, and whether to flush before aborting.
+/// What a crash keeps (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Lossy,
+    Flush,
+    /// A simulated machine crash; the seed picks what unsynced data the
+    /// hardware kept (none: nothing unsynced is kept).
+    Power(Option<u64>),
+}
+
+/// A crash point as armed: where, and what the crash keeps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Armed {
     pub point: CrashPoint,
-    pub flush: bool,
+    pub mode: Mode,
 }
 
 impl std::str::FromStr for Armed {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.strip_suffix("+flush") {
-            Some(p) => Ok(Armed {
-                point: p.parse()?,
-                flush: true,
-            }),
-            None => Ok(Armed {
-                point: s.parse()?,
-                flush: false,
-            }),
+        if let Some(p) = s.strip_suffix("+flush") {
+            return Ok(Armed { point: p.parse()?, mode: Mode::Flush });
         }
+        if let Some((p, power)) = s.split_once("+power") {
+            let seed = match power.strip_prefix(':') {
+                None if power.is_empty() => None,
+                Some(n) => Some(n.parse::<u64>().map_err(|_| {
+                    format!("crash point `{s}`: `{n}` is not a seed (+power:SEED)")
+                })?),
+                None => return Err(format!("crash point `{s}`: expected +power or +power:SEED")),
+            };
+            return Ok(Armed { point: p.parse()?, mode: Mode::Power(seed) });
+        }
+        Ok(Armed { point: s.parse()?, mode: Mode::Lossy })
     }
 }
 
 impl std::fmt::Display for Armed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}{}",
-            self.point,
-            if self.flush { "+flush" } else { "" }
-        )
+        write!(f, "{}", self.point)?;
+        match self.mode {
+            Mode::Lossy => Ok(()),
+            Mode::Flush => write!(f, "+flush"),
+            Mode::Power(None) => write!(f, "+power"),
+            Mode::Power(Some(seed)) => write!(f, "+power:{seed}"),
+        }
     }
 }
 
 type FlushHook = Box<dyn Fn() + Send + Sync>;
+/// Applies a power loss to one part of the state (given the seed, if any)
+/// and says in a few words what it kept and dropped.
+pub type PowerHook = Box<dyn Fn(Option<u64>) -> PowerReport + Send + Sync>;
+
+/// What a simulated power loss did to one part of the state.
+#[derive(Clone, Debug, Default)]
+pub struct PowerReport {
+    /// What was lost or kept, for the crash message.
+    pub summary: String,
+    /// How many independent choices a seed could make here (unsynced
+    /// write batches, pages written since their file's fsync): zero means
+    /// every seed gives the same result.
+    pub choices: u64,
+}
 
 /// What a `+flush` crash runs before aborting (the open storage's flush).
 static FLUSH_HOOKS: Mutex<Vec<FlushHook>> = Mutex::new(Vec::new());
+/// What a `+power` crash runs before aborting (storage, then files).
+static POWER_HOOKS: Mutex<Vec<PowerHook>> = Mutex::new(Vec::new());
+
+/// The armed crash's mode, if a point is armed.
+pub fn armed_mode() -> Option<Mode> {
+    ARMED.get().and_then(Option::as_ref).map(|a| a.mode)
+}
 
 /// Registers `flush` to run before a `+flush` crash. Only kept when such a
 /// point is armed, so normal runs pay nothing.
 pub fn on_flush_crash(flush: FlushHook) {
-    if ARMED
-        .get()
-        .and_then(Option::as_ref)
-        .is_some_and(|a| a.flush)
-    {
+    if armed_mode() == Some(Mode::Flush) {
         FLUSH_HOOKS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(flush);
     }
+}
+
+/// Registers `hook` to run before a `+power` crash (in registration order).
+pub fn on_power_crash(hook: PowerHook) {
+    POWER_HOOKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(hook);
+}
+
+/// True when the armed crash is a simulated power loss.
+pub fn power_armed() -> bool {
+    matches!(armed_mode(), Some(Mode::Power(_)))
 }
 
 static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
@@ -166,6 +222,9 @@ fn armed() -> Option<&'static CrashPoint> {
 }
 
 fn crash(point: &CrashPoint) -> ! {
+    if let Some(Mode::Power(seed)) = armed_mode() {
+        power_loss(&point.to_string(), seed);
+    }
     let hooks = FLUSH_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
     if !hooks.is_empty() {
         eprintln!("txstore: crash point {point} reached: flushing every write, then aborting");
@@ -175,6 +234,31 @@ fn crash(point: &CrashPoint) -> ! {
     } else {
         eprintln!("txstore: crash point {point} reached: aborting");
     }
+    std::process::abort()
+}
+
+/// Simulates a machine crash now: every power hook (storage), then the
+/// file layer, then abort. Also used when an I/O error is injected in a
+/// power run. Prints one line the conformance explorer reads (`choices`).
+pub fn power_loss(at: &str, seed: Option<u64>) -> ! {
+    let mut parts = Vec::new();
+    let mut choices = 0;
+    // try_lock: a hook that crashed while registering cannot deadlock us.
+    if let Ok(hooks) = POWER_HOOKS.try_lock() {
+        for hook in hooks.iter() {
+            let r = hook(seed);
+            choices += r.choices;
+            parts.push(r.summary);
+        }
+    }
+    let files = crate::file::power_loss(seed);
+    choices += files.choices;
+    parts.push(files.summary);
+    eprintln!(
+        "txstore: crash point {at} reached: power loss{} ({}; choices={choices}), aborting",
+        seed.map_or(String::new(), |s| format!(" with seed {s}")),
+        parts.join("; ")
+    );
     std::process::abort()
 }
 
@@ -248,6 +332,12 @@ mod tests {
             "recover-call:1",
         ] {
             assert_eq!(s.parse::<CrashPoint>().unwrap().to_string(), s);
+        }
+        for s in ["after-write+flush", "commit-call:3+power", "during-restore@2+power:17"] {
+            assert_eq!(s.parse::<Armed>().unwrap().to_string(), s);
+        }
+        for bad in ["after-write+power:", "after-write+power:x", "after-write+powerx"] {
+            assert!(bad.parse::<Armed>().is_err(), "{bad} accepted");
         }
         for bad in [
             "after-nothing",

@@ -8,6 +8,8 @@
 //! - [`checkpoint`]: the atomically written checkpoint file;
 //! - [`task`]: the exactly-once commit protocol and start-up recovery;
 //! - [`crash`]: named crash points for crash tests;
+//! - [`file`]: the file layer for the host's own files, with the power-loss
+//!   simulation; [`fault`]: injected I/O errors; [`mutants`]: test-only bugs;
 //! - [`conformance`]: the suite that crashes a guest everywhere and checks it;
 //! - [`bench`]: `txstore bench`, guests against plain RocksDB;
 //! - [`config`] and [`cli`]: the TOML configuration and the command line.
@@ -19,6 +21,9 @@ pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod crash;
+pub mod fault;
+pub mod file;
+pub mod mutants;
 pub mod runtime;
 pub mod storage;
 pub mod task;
