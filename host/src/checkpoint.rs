@@ -11,8 +11,6 @@
 //! this offset". Under at-least-once it is written after every commit.
 
 use anyhow::{bail, Context, Result};
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 4] = b"TXCK";
@@ -54,22 +52,15 @@ impl Checkpoint {
 
     /// Writes `offset` atomically and durably.
     pub fn write(&self, offset: u64) -> Result<()> {
-        let dir = self.path.parent().unwrap();
-        let tmp = dir.join("checkpoint.tmp");
-        let mut f =
-            File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-        f.write_all(&encode(offset))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        File::open(dir)?.sync_all()?;
-        Ok(())
+        crate::file::write_atomic(&self.path, &encode(offset))
+            .with_context(|| format!("cannot write checkpoint {}", self.path.display()))
     }
 
     /// Removes the file durably (no error if absent).
     pub fn remove(&self) -> Result<()> {
-        match std::fs::remove_file(&self.path) {
+        match crate::file::remove_file(&self.path) {
             Ok(()) => {
-                File::open(self.path.parent().unwrap())?.sync_all()?;
+                crate::file::sync_dir(self.path.parent().unwrap())?;
                 Ok(())
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -36,6 +36,9 @@ pub const STEPS: &[&str] = &[
     "after-store-commit",
     "after-checkpoint",
     "during-restore",
+    // A clean shutdown has returned (checkpoint written): a crash here must
+    // not turn it into an unclean one.
+    "after-close",
 ];
 
 /// Name of the environment variable that selects a crash point.
@@ -222,8 +225,8 @@ fn armed() -> Option<&'static CrashPoint> {
 }
 
 fn crash(point: &CrashPoint) -> ! {
-    if let Some(Mode::Power(seed)) = armed_mode() {
-        power_loss(&point.to_string(), seed);
+    if let Some(armed @ Armed { mode: Mode::Power(seed), .. }) = ARMED.get().and_then(Option::as_ref) {
+        power_loss(&armed.to_string(), *seed);
     }
     let hooks = FLUSH_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
     if !hooks.is_empty() {

@@ -9,6 +9,14 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = txstore::cli::main(txstore::cli::Cli::parse()) {
+        // A reader that went away (`scan | head`) is not an error.
+        let closed_pipe = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        });
+        if closed_pipe {
+            return;
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -175,3 +175,134 @@ fn config_typo_names_file_and_line() {
         stderr(&out)
     );
 }
+
+/// Output feeds other tools: UTF-8 comes back as written, bytes that are
+/// not UTF-8 round-trip through base64 (JSON) or the TSV escapes, and a
+/// reader that closes the pipe early ends the scan quietly.
+#[test]
+fn output_is_faithful_utf8_base64_and_pipe_safe() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    // kv input: `key<TAB>value` lines; one key is not valid UTF-8.
+    let mut input = Vec::new();
+    input.extend_from_slice(b"bin\xff\x00key\tv\\1\n");
+    // Far more than a pipe buffer holds, so `| head` closes it mid-scan.
+    for i in 0..20000 {
+        input.extend_from_slice(format!("k{i:05}\tvalue {i}\n").as_bytes());
+    }
+    std::fs::write(dir.path().join("input.txt"), &input).unwrap();
+    let config = write_config(
+        dir.path(),
+        "buffered",
+        "[task]\nprocessor = \"kv\"\ninput = \"input.txt\"\n",
+    );
+    let c = config.to_str().unwrap();
+    ok(&txstore(&["run", "--config", c]));
+    ok(&txstore(&["put", "café", "naïve", "--config", c]));
+    assert_eq!(ok(&txstore(&["get", "café", "--config", c])), "naïve\n");
+
+    let json = ok(&txstore(&["scan", "--config", c, "--format", "json", "--to", "d"]));
+    let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(rows[0]["key_base64"].as_str().expect("binary key as base64"))
+        .unwrap();
+    assert_eq!(key, b"bin\xff\x00key");
+    assert_eq!(rows[0]["value"], "v\\1");
+    assert_eq!(rows[1]["key"], "café");
+
+    let tsv = ok(&txstore(&["scan", "--config", c, "--to", "d"]));
+    assert_eq!(tsv, "bin\\xff\0key\tv\\\\1\ncafé\tnaïve\n");
+    let count = ok(&txstore(&["scan", "--config", c, "--count"]));
+    assert_eq!(count, "20002\n");
+    let keys = ok(&txstore(&["scan", "--config", c, "--from", "k", "--limit", "2", "--keys-only"]));
+    assert_eq!(keys, "k00000\nk00001\n");
+
+    let piped = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("'{}' scan --config '{c}' | head -n 1", crate::common::bin()))
+        .env("XDG_CACHE_HOME", crate::common::cache_dir())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&piped.stdout), "bin\\xff\0key\tv\\\\1\n");
+    assert!(piped.stderr.is_empty(), "{}", String::from_utf8_lossy(&piped.stderr));
+}
+
+/// A store remembers which guest and store name made it: another guest
+/// (whose keyspaces differ) or another name is refused with one line,
+/// before anything changes; the data is still there with the right guest.
+#[test]
+fn another_guest_or_store_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "buffered", "");
+    let c = config.to_str().unwrap();
+    ok(&txstore(&["put", "k", "v", "--config", c]));
+    std::fs::write(&config, "[store]\nguest = \"roll-back\"\nstate_dir = \"state\"\n").unwrap();
+    let out = txstore(&["get", "k", "--config", c]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("made by guest `buffered`, not `roll-back`"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
+    std::fs::write(&config, "[store]\nguest = \"buffered\"\nname = \"other\"\nstate_dir = \"state\"\n").unwrap();
+    let err = stderr(&txstore(&["get", "k", "--config", c]));
+    assert!(err.contains("holds store `store`, not `other`"), "{err}");
+    std::fs::write(&config, "[store]\nguest = \"buffered\"\nstate_dir = \"state\"\n").unwrap();
+    assert_eq!(ok(&txstore(&["get", "k", "--config", c])), "v\n");
+}
+
+/// A misspelt built-in guest names the built-ins and creates nothing.
+#[test]
+fn a_misspelt_guest_lists_the_builtins_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "bufferd", "");
+    let out = txstore(&["get", "k", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("buffered, ") || err.contains(", buffered"), "{err}");
+    assert!(!dir.path().join("state").exists(), "a state directory was created");
+}
+
+/// The committed input position carries a checksum of the input before
+/// it: another file is refused with one line, the same file grown resumes
+/// exactly, and a last line without a newline waits until it is complete.
+#[test]
+fn another_input_is_refused_and_a_grown_one_resumes_exactly() {
+    use crate::protocol::{shell_count, store_counts, word_count_config};
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/word-count/input.txt"
+    ))
+    .unwrap();
+    let lines: Vec<&str> = text.lines().take(2000).collect();
+    let input = dir.path().join("input.txt");
+    // 1000 lines and half of the next one, without its newline.
+    let mut first = lines[..1000].join("\n");
+    first.push('\n');
+    let (head, tail) = lines[1000].split_at(lines[1000].len() / 2);
+    first.push_str(head);
+    std::fs::write(&input, &first).unwrap();
+    let config = word_count_config(dir.path(), "buffered", "exactly-once");
+    let c = config.to_str().unwrap();
+    let out = txstore(&["run", "--config", c]);
+    assert!(stderr(&out).contains("without a newline"), "{}", stderr(&out));
+    ok(&out);
+
+    let other = dir.path().join("other.txt");
+    let mut shuffled: Vec<&str> = lines.clone();
+    shuffled.reverse();
+    std::fs::write(&other, shuffled.join("\n") + "\n").unwrap();
+    let out = txstore(&["run", "--config", c, "--input", other.to_str().unwrap()]);
+    assert!(!out.status.success(), "another input was accepted");
+    let err = stderr(&out);
+    assert!(err.contains("is not the input this store consumed"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
+
+    // The same file grown: the half line completed, 999 more lines.
+    let mut grown = first.clone();
+    grown.push_str(tail);
+    grown.push('\n');
+    grown.push_str(&(lines[1001..].join("\n") + "\n"));
+    std::fs::write(&input, &grown).unwrap();
+    ok(&txstore(&["run", "--config", c]));
+    assert_eq!(shell_count(&input), store_counts(&config));
+}

@@ -4,8 +4,14 @@
 
 use crate::common::{planted, stderr, stdout, txstore};
 
-/// A bounded run for CI: a short workload, a few points per step.
-const QUICK: &[&str] = &["--ops", "80", "--seeds", "1", "--max-points", "12"];
+/// A bounded run for CI: a short workload, a few points per step, every
+/// crash mode with one power seed, and the I/O error pass.
+const QUICK: &[&str] = &["--ops", "80", "--seeds", "1", "--max-points", "12", "--power-seeds", "1"];
+
+/// The planted bugs are in guest logic: the process-crash modes find them.
+const QUICK_GUEST_BUGS: &[&str] = &[
+    "--ops", "80", "--seeds", "1", "--max-points", "12", "--modes", "lossy,+flush", "--no-io-errors",
+];
 
 /// Runs the suite; returns (success, report JSON, text output).
 fn conformance(guests: &[&str], extra: &[&str]) -> (bool, serde_json::Value, String) {
@@ -30,6 +36,17 @@ fn every_builtin_guest_passes() {
     assert!(ok, "{text}");
     for g in report.as_array().unwrap() {
         assert_eq!(g["failures"].as_array().unwrap().len(), 0, "{text}");
+        // Every mode was explored, and the I/O error pass ran.
+        for mode in ["lossy", "+flush", "power"] {
+            assert!(g["crash_points_by_mode"][mode].as_u64().unwrap() > 0, "{mode}\n{text}");
+        }
+        let rows = g["rows"].as_array().unwrap();
+        let io = rows.iter().find(|r| r["check"] == "injected I/O error").expect("I/O error row");
+        assert!(io["cases"].as_u64().unwrap() > 5, "{text}");
+        assert!(
+            rows.iter().any(|r| r["mode"] == "power" && r["check"] == "crash after restart"),
+            "{text}"
+        );
         assert!(
             g["crash_points"].as_u64().unwrap() >= 20,
             "{}: too few crash points\n{text}",
@@ -41,7 +58,7 @@ fn every_builtin_guest_passes() {
 #[test]
 fn the_correct_planted_guest_passes() {
     let wasm = planted(None);
-    let (ok, _, text) = conformance(&[wasm.to_str().unwrap()], QUICK);
+    let (ok, _, text) = conformance(&[wasm.to_str().unwrap()], QUICK_GUEST_BUGS);
     assert!(ok, "the control guest (no bug) must pass:\n{text}");
 }
 
@@ -49,7 +66,7 @@ fn the_correct_planted_guest_passes() {
 /// reproducer line fails again the same way.
 fn rejected(feature: &str, property: &str) {
     let wasm = planted(Some(feature));
-    let (ok, report, text) = conformance(&[wasm.to_str().unwrap()], QUICK);
+    let (ok, report, text) = conformance(&[wasm.to_str().unwrap()], QUICK_GUEST_BUGS);
     assert!(!ok, "{feature} was accepted:\n{text}");
     let failures = report[0]["failures"].as_array().unwrap();
     let hit = failures

@@ -7,6 +7,7 @@ mod conformance;
 mod kafka;
 mod kv;
 mod polyglot;
+mod power;
 mod protocol;
 mod sandbox;
 mod strategies;

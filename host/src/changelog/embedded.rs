@@ -8,11 +8,26 @@
 //! frame's offset + 1. Segments roll only at commits, so a transaction
 //! never spans two files. Segment names are their first offset.
 //!
-//! At open, the log is scanned: frames after the last commit (a torn
-//! write, or a transaction a crash left open) are truncated with a warning
-//! naming the bytes. Damage followed by valid frames is *not* truncated,
-//! since committed data lies beyond it: it is reported, and a replay that
-//! must cross it fails with an error naming the segment and byte.
+//! At open, the active segment is scanned: everything after its last
+//! commit (a torn write, or a transaction a crash left open) is the tail
+//! and is truncated with a warning naming the bytes. In the active segment
+//! a frame found after damage is never accepted, since after a torn write
+//! the bytes that follow may be a frame-shaped piece of a record's value;
+//! frames must also carry consecutive offsets. Then the segment is fsynced
+//! before anything depends on it: a process that died inside `commit`'s
+//! fdatasync leaves a commit frame that only the page cache holds, and a
+//! store committed from it would be ahead of the log after a power cut.
+//! In a sealed segment, damage followed by valid frames is *not*
+//! truncated, since committed data lies beyond it: it is reported, and a
+//! replay that must cross it fails with an error naming the segment and
+//! byte. Segments must follow each other without a gap (each starts at the
+//! offset the previous one ends at); a missing segment stops a replay that
+//! would need it.
+//!
+//! All writes go through [`crate::file`], so tests can inject I/O errors
+//! and simulate power loss. After any failed write or fsync the log
+//! refuses every later call (the kernel may have dropped the pages it
+//! failed to write): the process stops and the next open recovers.
 //!
 //! A segment that rolls is sealed: a small `.seal` file beside it records
 //! its length and last commit. Open trusts a seal whose length matches and
@@ -23,8 +38,8 @@
 
 use super::{Changelog, CommitInfo, Record, Replayed};
 use anyhow::{bail, Context, Result};
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use crate::file::{self, File};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: u32 = 0x4754_5854; // "TXTG" read little-endian
@@ -69,8 +84,12 @@ pub struct EmbeddedLog {
     next_offset: u64,
     last: Option<CommitInfo>,
     pub report: OpenReport,
+    // The directory's lock: one writer per changelog, whatever the config.
+    _lock: std::fs::File,
     /// Sealed segments not scanned since open (indexes into `segments`).
     unverified: Vec<usize>,
+    /// The first failed write or fsync: every later call fails with it.
+    failed: Option<String>,
 }
 
 /// One decoded frame.
@@ -146,10 +165,6 @@ fn decode_record(payload: &[u8]) -> Result<Record> {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)?.sync_all()?;
-    Ok(())
-}
 
 fn segment_path(dir: &Path, first_offset: u64) -> PathBuf {
     dir.join(format!("{first_offset:020}.log"))
@@ -159,46 +174,68 @@ fn seal_path(segment: &Path) -> PathBuf {
     segment.with_extension("seal")
 }
 
-const SEAL_MAGIC: &[u8; 4] = b"TXSL";
-const SEAL_LEN: usize = 32;
+/// Seal format 1 (32 bytes) has no input checksum; format 2 (40) has.
+const SEAL_MAGIC_V1: &[u8; 4] = b"TXSL";
+const SEAL_MAGIC: &[u8; 4] = b"TXS2";
+const SEAL_LEN: usize = 40;
 
 /// What a seal records about a full segment: its length and last commit.
+/// Layout: magic | len u64 | offset u64 | input position u64 | has check
+/// u32 | input check u32 | crc32c u32 of the rest.
 fn encode_seal(len: u64, last: CommitInfo) -> [u8; SEAL_LEN] {
     let mut b = [0u8; SEAL_LEN];
     b[0..4].copy_from_slice(SEAL_MAGIC);
     b[4..12].copy_from_slice(&len.to_le_bytes());
     b[12..20].copy_from_slice(&last.offset.to_le_bytes());
     b[20..28].copy_from_slice(&last.input_position.to_le_bytes());
-    let crc = crc32c::crc32c(&b[0..28]);
-    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    b[28..32].copy_from_slice(&u32::from(last.input_check.is_some()).to_le_bytes());
+    b[32..36].copy_from_slice(&last.input_check.unwrap_or(0).to_le_bytes());
+    let crc = crc32c::crc32c(&b[0..36]);
+    b[36..40].copy_from_slice(&crc.to_le_bytes());
     b
+}
+
+/// A commit frame's payload: the input position, then its checksum if any.
+fn encode_commit(input_position: u64, input_check: Option<u32>) -> Vec<u8> {
+    let mut p = input_position.to_le_bytes().to_vec();
+    if let Some(c) = input_check {
+        p.extend_from_slice(&c.to_le_bytes());
+    }
+    p
+}
+
+fn decode_commit(payload: &[u8]) -> Option<(u64, Option<u32>)> {
+    let position = u64::from_le_bytes(payload.get(0..8)?.try_into().ok()?);
+    match payload.len() {
+        8 => Some((position, None)),
+        12 => Some((position, Some(u32::from_le_bytes(payload[8..12].try_into().ok()?)))),
+        _ => None,
+    }
 }
 
 /// The seal of `segment`, if there is a valid one matching its length.
 fn read_seal(segment: &Path) -> Option<CommitInfo> {
     let b = std::fs::read(seal_path(segment)).ok()?;
-    if b.len() != SEAL_LEN
-        || &b[0..4] != SEAL_MAGIC
-        || crc32c::crc32c(&b[0..28]).to_le_bytes() != b[28..32]
-    {
-        return None;
-    }
     let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let half = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let input_check = match (b.len(), b.get(0..4)?) {
+        (32, m) if m == SEAL_MAGIC_V1 && crc32c::crc32c(&b[0..28]) == half(28) => None,
+        (SEAL_LEN, m) if m == SEAL_MAGIC && crc32c::crc32c(&b[0..36]) == half(36) => {
+            (half(28) == 1).then(|| half(32))
+        }
+        _ => return None,
+    };
     let len = std::fs::metadata(segment).ok()?.len();
     (len == word(4)).then(|| CommitInfo {
         offset: word(12),
         input_position: word(20),
+        input_check,
     })
 }
 
-/// Writes `segment`'s seal atomically.
+/// Writes `segment`'s seal atomically and durably.
 fn write_seal(segment: &Path, len: u64, last: CommitInfo) -> Result<()> {
-    let path = seal_path(segment);
-    let tmp = path.with_extension("seal.tmp");
-    let mut f = File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(&encode_seal(len, last))?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    file::write_atomic(&seal_path(segment), &encode_seal(len, last))?;
     Ok(())
 }
 
@@ -212,10 +249,11 @@ struct Scan {
     len: usize,
 }
 
-/// Scans `path` frame by frame: finds its last commit and records damage
-/// (clearing earlier damage at each commit). `tail` is true for the active
-/// segment, where an unreadable end is a torn tail rather than damage.
-fn scan(path: &Path, tail: bool, damage: &mut Vec<Damage>) -> Result<Scan> {
+/// Scans `path` (first offset `base`) frame by frame: finds its last
+/// commit and records damage (clearing earlier damage at each commit).
+/// `tail` is true for the active segment, where the first unreadable frame
+/// ends the scan: what follows is a torn tail, never trusted.
+fn scan(path: &Path, base: u64, tail: bool, damage: &mut Vec<Damage>) -> Result<Scan> {
     let buf = std::fs::read(path)
         .with_context(|| format!("cannot read changelog segment {}", path.display()))?;
     let mut out = Scan {
@@ -224,13 +262,17 @@ fn scan(path: &Path, tail: bool, damage: &mut Vec<Damage>) -> Result<Scan> {
         len: buf.len(),
     };
     let mut pos = 0;
+    // The offset the next frame must carry; unknown after damage.
+    let mut expect = Some(base);
     while pos < buf.len() {
-        match decode(&buf, pos) {
+        let frame = decode(&buf, pos).filter(|(f, _)| expect.is_none_or(|e| f.offset == e));
+        match frame {
             Some((frame, n)) => {
+                expect = Some(frame.offset + 1);
                 if frame.kind == KIND_COMMIT {
-                    let input_position =
-                        u64::from_le_bytes(frame.payload.try_into().context("commit frame payload is not 8 bytes")?);
-                    out.last = Some(CommitInfo { offset: frame.offset + 1, input_position });
+                    let (input_position, input_check) = decode_commit(frame.payload)
+                        .context("commit frame payload is not 8 or 12 bytes")?;
+                    out.last = Some(CommitInfo { offset: frame.offset + 1, input_position, input_check });
                     out.good_end = pos + n;
                     for d in damage.iter_mut().filter(|d| d.cleared_at.is_none()) {
                         d.cleared_at = Some(frame.offset + 1);
@@ -238,8 +280,10 @@ fn scan(path: &Path, tail: bool, damage: &mut Vec<Damage>) -> Result<Scan> {
                 }
                 pos += n;
             }
+            None if tail => break,
             None => match resync(&buf, pos + 1) {
                 Some(next) => {
+                    expect = None;
                     damage.push(Damage { segment: path.to_path_buf(), byte: pos as u64, len: (next - pos) as u64, cleared_at: None });
                     tracing::error!(
                         "changelog segment {} is damaged at byte {pos} ({} bytes); valid frames follow, so nothing is \
@@ -249,7 +293,6 @@ fn scan(path: &Path, tail: bool, damage: &mut Vec<Damage>) -> Result<Scan> {
                     );
                     pos = next;
                 }
-                None if tail => break,
                 None => bail!(
                     "changelog segment {} is damaged at byte {pos} and later segments exist; refusing to truncate \
                      committed data",
@@ -272,8 +315,9 @@ impl EmbeddedLog {
     /// Opens (creating) the log in `dir`, checking and repairing as the
     /// module documentation says.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<Self> {
-        std::fs::create_dir_all(dir)
+        file::create_dir_all(dir)
             .with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
+        let lock = crate::task::lock_dir(dir, "changelog directory")?;
         let mut segments = Vec::new();
         for entry in
             std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
@@ -299,12 +343,32 @@ impl EmbeddedLog {
             let tail = i + 1 == count;
             if !tail {
                 if let Some(sealed) = read_seal(path) {
+                    let base = segments[i].0;
+                    if let Some(prev) = last.map(|c: CommitInfo| c.offset) {
+                        if base != prev {
+                            bail!(
+                                "changelog segment {} starts at offset {base} but the segments before it end at \
+                                 offset {prev}: segments are missing or misplaced; nothing was changed",
+                                path.display()
+                            );
+                        }
+                    }
                     last = Some(sealed);
                     unverified.push(i);
                     continue;
                 }
             }
-            let found = scan(path, tail, &mut report.damage)?;
+            let base = segments[i].0;
+            if let Some(prev) = last.map(|c: CommitInfo| c.offset) {
+                if base != prev {
+                    bail!(
+                        "changelog segment {} starts at offset {base} but the segments before it end at offset \
+                         {prev}: segments are missing or misplaced; nothing was changed",
+                        path.display()
+                    );
+                }
+            }
+            let found = scan(path, base, tail, &mut report.damage)?;
             last = found.last.or(last);
             if tail {
                 let dropped = found.len - found.good_end;
@@ -315,9 +379,7 @@ impl EmbeddedLog {
                         path.display(),
                         found.good_end
                     );
-                    let f = OpenOptions::new().write(true).open(path)?;
-                    f.set_len(found.good_end as u64)?;
-                    f.sync_all()?;
+                    File::open_write(path)?.set_len(found.good_end as u64)?;
                     report.truncated_bytes = dropped as u64;
                 }
                 committed_len = found.good_end as u64;
@@ -332,8 +394,14 @@ impl EmbeddedLog {
             segments.push((0, segment_path(dir, 0)));
         }
         let active = &segments.last().unwrap().1;
-        let file = OpenOptions::new().create(true).append(true).open(active)?;
-        sync_dir(dir)?;
+        let file = File::append(active)?;
+        // Whatever this process read (perhaps only from the page cache of
+        // a process that died inside its fsync) is durable from here on,
+        // before a replay or a store commit can depend on it.
+        if !crate::mutants::active("truncate-no-sync") {
+            file.sync_data()?;
+            file::sync_dir(dir)?;
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             segment_bytes,
@@ -345,6 +413,8 @@ impl EmbeddedLog {
             last,
             report,
             unverified,
+            failed: None,
+            _lock: lock,
         })
     }
 
@@ -363,7 +433,8 @@ impl EmbeddedLog {
             let path = self.segments[i].1.clone();
             let end = read_seal(&path).map(|c| c.offset);
             let before = self.report.damage.len();
-            scan(&path, false, &mut self.report.damage)?;
+            let base = self.segments[i].0;
+            scan(&path, base, false, &mut self.report.damage)?;
             // Damage after the segment's last commit is cleared where the
             // next segment starts: a replay from there never reads it.
             for d in &mut self.report.damage[before..] {
@@ -391,8 +462,8 @@ impl EmbeddedLog {
             self.last.expect("a segment rolls at a commit"),
         )?;
         let path = segment_path(&self.dir, self.next_offset);
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        sync_dir(&self.dir)?;
+        let file = File::append(&path)?;
+        file::sync_dir(&self.dir)?;
         self.writer = BufWriter::with_capacity(1 << 16, file);
         self.segments.push((self.next_offset, path));
         self.committed_len = 0;
@@ -400,14 +471,7 @@ impl EmbeddedLog {
         Ok(())
     }
 
-    /// The segment files, oldest first.
-    pub fn segments(&self) -> impl Iterator<Item = &Path> {
-        self.segments.iter().map(|(_, p)| p.as_path())
-    }
-}
-
-impl Changelog for EmbeddedLog {
-    fn append(&mut self, records: &[Record]) -> Result<()> {
+    fn append_frames(&mut self, records: &[Record]) -> Result<()> {
         for record in records {
             let (op, key, value): (u8, &[u8], &[u8]) = match record {
                 Record::Put(k, v) => (OP_PUT, k, v),
@@ -421,17 +485,21 @@ impl Changelog for EmbeddedLog {
         Ok(())
     }
 
-    fn commit(&mut self, input_position: u64) -> Result<u64> {
-        let marker = self.write_frame(KIND_COMMIT, &[&input_position.to_le_bytes()])?;
+    fn commit_frame(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
+        let marker = self.write_frame(KIND_COMMIT, &[&encode_commit(input_position, input_check)])?;
         self.writer.flush()?;
-        self.writer
-            .get_ref()
-            .sync_data()
-            .context("fsync of the changelog failed")?;
+        crate::crash::step("before-changelog-sync");
+        if !crate::mutants::active("changelog-no-sync") {
+            self.writer
+                .get_ref()
+                .sync_data()
+                .context("changelog commit failed")?;
+        }
         self.committed_len = self.written_len;
         let info = CommitInfo {
             offset: marker + 1,
             input_position,
+            input_check,
         };
         self.last = Some(info);
         if self.committed_len >= self.segment_bytes {
@@ -440,15 +508,43 @@ impl Changelog for EmbeddedLog {
         Ok(info.offset)
     }
 
-    fn abort(&mut self) -> Result<()> {
+    fn truncate_open_transaction(&mut self) -> Result<()> {
         self.writer.flush()?;
+        // Append mode: the next write goes to the new end.
         self.writer.get_ref().set_len(self.committed_len)?;
-        self.writer.get_mut().seek(SeekFrom::End(0))?;
         self.written_len = self.committed_len;
         self.next_offset = self
             .last
             .map_or(self.segments.last().unwrap().0, |c| c.offset);
         Ok(())
+    }
+
+
+    /// Runs `op`; a failure poisons the log (see the module documentation).
+    fn guarded<T>(&mut self, op: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        if let Some(first) = &self.failed {
+            bail!("changelog failed earlier ({first}); nothing after it is trusted: restart to recover");
+        }
+        op(self).inspect_err(|e| self.failed = Some(format!("{e:#}")))
+    }
+
+    /// The segment files, oldest first.
+    pub fn segments(&self) -> impl Iterator<Item = &Path> {
+        self.segments.iter().map(|(_, p)| p.as_path())
+    }
+}
+
+impl Changelog for EmbeddedLog {
+    fn append(&mut self, records: &[Record]) -> Result<()> {
+        self.guarded(|log| log.append_frames(records))
+    }
+
+    fn commit(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
+        self.guarded(|log| log.commit_frame(input_position, input_check))
+    }
+
+    fn abort(&mut self) -> Result<()> {
+        self.guarded(|log| log.truncate_open_transaction())
     }
 
     fn read_committed(
@@ -528,13 +624,22 @@ impl Changelog for EmbeddedLog {
     }
 
     fn check_replayable(&mut self, from: u64) -> Result<()> {
+        let (first, path) = &self.segments[0];
+        if from < *first {
+            bail!(
+                "changelog in {} starts at offset {first} ({}) but recovery needs to replay from offset {from}: \
+                 earlier segments are missing; nothing was changed",
+                self.dir.display(),
+                path.display()
+            );
+        }
         self.verify_from(from)?;
         for d in &self.report.damage {
             if d.cleared_at.is_none_or(|c| c > from) {
                 bail!(
                     "changelog segment {} is damaged at byte {} ({} bytes) and recovery needs to replay across it \
-                     (from offset {from}); nothing was changed or deleted: restore the segment from a copy, or remove \
-                     the state directory to start over",
+                     (from offset {from}); nothing was changed or deleted: restore the segment from a copy (removing the \
+                     state directory would delete the only copy of the committed data)",
                     d.segment.display(),
                     d.byte,
                     d.len
@@ -565,7 +670,7 @@ mod tests {
                 )])
                 .unwrap();
             }
-            log.commit(t + 1).unwrap();
+            log.commit(t + 1, None).unwrap();
         }
         segment_path(dir, 0)
     }
@@ -580,6 +685,113 @@ mod tests {
             Ok(())
         })?;
         Ok((log.end_offset(), keys))
+    }
+
+    /// A power cut inside an open transaction can keep a later page and
+    /// lose an earlier one: the tail is cut at the first damage, and what
+    /// was committed before it stays replayable.
+    #[test]
+    fn torn_page_inside_the_open_transaction_is_cut_not_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = write_log(dir.path(), 3);
+        let committed = std::fs::metadata(&seg).unwrap().len() as usize;
+        {
+            let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
+            for i in 0..40u8 {
+                log.append(&[Record::Put(vec![b'x', i], vec![i; 300])]).unwrap();
+            }
+            log.writer.flush().unwrap();
+        }
+        let mut bytes = std::fs::read(&seg).unwrap();
+        let hole = committed + 100;
+        bytes[hole..hole + 4096].fill(0);
+        std::fs::write(&seg, &bytes).unwrap();
+        let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(log.report.truncated_bytes as usize, bytes.len() - committed);
+        assert!(log.report.damage.is_empty(), "{:?}", log.report.damage);
+        log.check_replayable(0).unwrap();
+        assert_eq!(read_all(dir.path()).unwrap().1.len(), 9);
+    }
+
+    /// After a torn write, a frame-shaped piece of a record's value (here
+    /// a whole commit frame naming a later input position) is never taken
+    /// for a commit.
+    #[test]
+    fn frame_inside_a_value_after_a_tear_is_not_a_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = write_log(dir.path(), 2);
+        let committed = std::fs::metadata(&seg).unwrap().len() as usize;
+        let mut forged = Vec::new();
+        // The open transaction's data frame gets offset 8; forge the commit
+        // frame that would follow it: offset 9, input position 999.
+        encode(&mut forged, KIND_COMMIT, 9, &[&999u64.to_le_bytes()]);
+        {
+            let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
+            log.append(&[Record::Put(b"kv".to_vec(), forged.clone())]).unwrap();
+            log.writer.flush().unwrap();
+        }
+        // Tear the data frame's header: the forged frame follows the damage.
+        let mut bytes = std::fs::read(&seg).unwrap();
+        bytes[committed + 5] ^= 0xff;
+        std::fs::write(&seg, &bytes).unwrap();
+        let log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(log.last_commit().unwrap().input_position, 2, "forged commit accepted");
+        assert_eq!(log.end_offset(), 8);
+    }
+
+    /// A second writer on the same changelog directory is refused while
+    /// the first holds it (it would truncate the first one's open
+    /// transaction).
+    #[test]
+    fn a_second_writer_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
+        first.append(&[Record::Put(b"a".to_vec(), b"1".to_vec())]).unwrap();
+        let err = EmbeddedLog::open(dir.path(), 1 << 30).err().expect("second writer accepted");
+        assert!(format!("{err:#}").contains("in use by another txstore process"), "{err:#}");
+        first.commit(1, None).unwrap();
+        drop(first);
+        assert_eq!(read_all(dir.path()).unwrap().1, vec!["a".to_string()]);
+    }
+
+    /// Segments must follow each other: a missing one in the middle stops
+    /// the open, a missing first one stops a replay from before it.
+    #[test]
+    fn a_missing_segment_is_refused_not_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut log = EmbeddedLog::open(dir.path(), 200).unwrap();
+            for t in 0..12u64 {
+                log.append(&[Record::Put(format!("k{t}").into_bytes(), vec![7; 100])]).unwrap();
+                log.commit(t + 1, None).unwrap();
+            }
+        }
+        let segments: Vec<_> = EmbeddedLog::open(dir.path(), 200)
+            .unwrap()
+            .segments()
+            .map(Path::to_path_buf)
+            .collect();
+        assert!(segments.len() >= 4, "{segments:?}");
+        let middle = dir.path().join("middle");
+        std::fs::rename(&segments[2], &middle).unwrap();
+        let err = EmbeddedLog::open(dir.path(), 200).err().expect("gap accepted");
+        assert!(format!("{err:#}").contains("segments are missing"), "{err:#}");
+        std::fs::rename(&middle, &segments[2]).unwrap();
+        std::fs::remove_file(&segments[0]).unwrap();
+        let mut log = EmbeddedLog::open(dir.path(), 200).unwrap();
+        let err = log.check_replayable(0).unwrap_err();
+        assert!(format!("{err:#}").contains("earlier segments are missing"), "{err:#}");
+    }
+
+    /// After a failed write the log refuses every later call.
+    #[test]
+    fn a_failed_log_stays_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
+        log.failed = Some("fsync of x: input/output error".into());
+        let err = log.commit(1, None).unwrap_err();
+        assert!(format!("{err:#}").contains("changelog failed earlier"), "{err:#}");
+        assert!(log.append(&[Record::Delete(b"a".to_vec())]).is_err());
     }
 
     proptest::proptest! {

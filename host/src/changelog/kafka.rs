@@ -43,6 +43,8 @@ use std::time::{Duration, Instant};
 pub const END_HEADER: &str = "txstore.txn-end";
 /// Prefix of the offset metadata that holds the changelog's committed end.
 const END_METADATA: &str = "txstore-changelog-end=";
+/// Follows the end in the metadata when the input is a file: its CRC32C.
+const CHECK_METADATA: &str = ";input-crc32c=";
 /// librdkafka settings the guarantees rest on: `properties` may not change them.
 const PROTECTED: &[&str] = &[
     "bootstrap.servers",
@@ -294,9 +296,13 @@ impl KafkaLog {
             Offset::Offset(n) if n >= 0 => n as u64,
             _ => return Ok(None),
         };
-        let offset = elem
-            .metadata()
-            .strip_prefix(END_METADATA)
+        let metadata = elem.metadata().strip_prefix(END_METADATA);
+        let (end, check) = match metadata.map(|m| m.split_once(CHECK_METADATA)) {
+            Some(Some((end, check))) => (Some(end), u32::from_str_radix(check, 16).ok()),
+            Some(None) => (metadata, None),
+            None => (None, None),
+        };
+        let offset = end
             .and_then(|n| n.parse::<u64>().ok())
             .ok_or_else(|| {
                 anyhow!(
@@ -311,6 +317,7 @@ impl KafkaLog {
         Ok(Some(CommitInfo {
             offset,
             input_position,
+            input_check: check,
         }))
     }
 
@@ -410,7 +417,7 @@ impl KafkaLog {
     }
 
     /// The commit of the open transaction; the caller records the outcome.
-    fn commit_open(&mut self, input_position: u64) -> Result<u64> {
+    fn commit_open(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
         if let Some(last) = &self.held {
             self.send(last, Some(input_position))?;
         }
@@ -433,7 +440,8 @@ impl KafkaLog {
             Offset::Offset(input_position as i64),
         )?;
         if let Some(mut elem) = tpl.find_partition(&self.s.topic, self.s.partition) {
-            elem.set_metadata(format!("{END_METADATA}{offset}"));
+            let check = input_check.map_or(String::new(), |c| format!("{CHECK_METADATA}{c:08x}"));
+            elem.set_metadata(format!("{END_METADATA}{offset}{check}"));
         }
         let group = self
             .consumer
@@ -512,9 +520,9 @@ impl Changelog for KafkaLog {
         Ok(())
     }
 
-    fn commit(&mut self, input_position: u64) -> Result<u64> {
+    fn commit(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
         self.begin()?;
-        match self.commit_open(input_position) {
+        match self.commit_open(input_position, input_check) {
             Ok(offset) => {
                 self.held = None;
                 self.in_transaction = false;
@@ -525,6 +533,7 @@ impl Changelog for KafkaLog {
                 self.last = Some(CommitInfo {
                     offset,
                     input_position,
+                    input_check,
                 });
                 Ok(offset)
             }

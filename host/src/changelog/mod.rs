@@ -71,6 +71,10 @@ pub struct CommitInfo {
     pub offset: u64,
     /// The task's input position committed with it.
     pub input_position: u64,
+    /// CRC32C of the input bytes before `input_position`, when the input
+    /// is a file: tells another file, or an edited one, from the same file
+    /// grown.
+    pub input_check: Option<u32>,
 }
 
 /// A transactional log. A transaction opens implicitly with the first
@@ -80,8 +84,9 @@ pub trait Changelog: Send {
     /// transaction (not visible to readers).
     fn append(&mut self, records: &[Record]) -> Result<()>;
     /// Durably commits the open transaction (possibly empty) together with
-    /// the task's input position; returns the new committed offset.
-    fn commit(&mut self, input_position: u64) -> Result<u64>;
+    /// the task's input position (and the checksum of the input before
+    /// it); returns the new committed offset.
+    fn commit(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64>;
     /// Discards the open transaction.
     fn abort(&mut self) -> Result<()>;
     /// Calls `f` with every committed record whose transaction ends after

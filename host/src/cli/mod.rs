@@ -1,10 +1,11 @@
 //! The `txstore` command line.
 
+mod output;
 mod run;
 
 use run::run;
 
-use crate::config::Config;
+use crate::config::{Config, Guarantee};
 use crate::runtime::{GuestSource, Isolation, Runtime};
 use crate::task::{RecoveryReport, Task};
 use crate::{crash, runtime};
@@ -28,12 +29,22 @@ pub struct Cli {
     /// line prints.
     #[arg(long, global = true, value_name = "POINT")]
     crash_at: Option<String>,
+    /// Make the N-th I/O call of one kind fail, for tests: `KIND:N` with
+    /// KIND one of fsync, write-enospc, write-short, rename, storage-sync,
+    /// storage-write (also `TXSTORE_IO_ERROR`).
+    #[arg(long, global = true, value_name = "KIND:N")]
+    io_error: Option<String>,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Process an input file through the configured guest, exactly-once.
+    /// Process an input file through the configured guest, one record per
+    /// line, under the configured guarantee: exactly-once (the store
+    /// equals the committed changelog after any crash) or at-least-once
+    /// (nothing committed is lost; input after the last commit may be
+    /// processed again). Resumes where the last run committed.
     Run {
+        /// The config file (TOML) that names the store, guest and input.
         #[arg(long, short)]
         config: PathBuf,
         /// Input file (overrides task.input).
@@ -45,42 +56,75 @@ enum Command {
     },
     /// Run start-up recovery only and report what it did.
     Recover {
+        /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
+        /// Print the report as JSON (durations in seconds).
         #[arg(long)]
         json: bool,
     },
-    /// Read one key.
+    /// Read one key and print its value.
     Get {
+        /// The key (its UTF-8 bytes).
         key: String,
+        /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
+        /// committed: the last committed state; uncommitted: with the open
+        /// transaction.
         #[arg(long, value_enum, default_value_t = IsolationArg::Committed)]
         isolation: IsolationArg,
+        /// tsv: UTF-8 as is, backslash escapes for tab, newline, CR,
+        /// backslash and invalid UTF-8; json: a string or base64; raw: the
+        /// bytes; hex.
+        #[arg(long, value_enum, default_value_t = output::Format::Tsv)]
+        format: output::Format,
     },
-    /// Print keys in [from, to) as `key<TAB>value` lines (or JSON).
+    /// Print the entries with keys in [from, to), in key order.
     Scan {
+        /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
+        /// First key (inclusive; default: the first).
         #[arg(long)]
         from: Option<String>,
+        /// End key (exclusive; default: past the last).
         #[arg(long)]
         to: Option<String>,
+        /// committed: the last committed state; uncommitted: with the open
+        /// transaction.
         #[arg(long, value_enum, default_value_t = IsolationArg::Committed)]
         isolation: IsolationArg,
-        #[arg(long, value_enum, default_value_t = Format::Tsv)]
-        format: Format,
+        /// tsv (`key<TAB>value`, UTF-8 as is, backslash escapes for tab,
+        /// newline, CR, backslash and invalid UTF-8), json (strings, or
+        /// `key_base64`/`value_base64` for bytes that are not UTF-8), raw, hex.
+        #[arg(long, value_enum, default_value_t = output::Format::Tsv)]
+        format: output::Format,
+        /// At most this many entries.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Keys only.
+        #[arg(long)]
+        keys_only: bool,
+        /// Print only the number of entries.
+        #[arg(long, conflicts_with_all = ["keys_only", "format"])]
+        count: bool,
     },
     /// Write one key (one committed transaction).
     Put {
+        /// The key (its UTF-8 bytes).
         key: String,
+        /// The value (its UTF-8 bytes).
         value: String,
+        /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
     },
     /// Delete one key (one committed transaction).
     Delete {
+        /// The key (its UTF-8 bytes).
         key: String,
+        /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
     },
@@ -111,6 +155,28 @@ enum Command {
         /// recovery are not explored then (they need a copy of the changelog).
         #[arg(long, value_name = "BOOTSTRAP")]
         kafka: Option<String>,
+        /// Seeded power losses per crash point where the crash had a choice
+        /// (torn pages, a prefix of unsynced storage writes), besides the
+        /// seedless one that keeps nothing unsynced.
+        #[arg(long, default_value_t = 2)]
+        power_seeds: u64,
+        /// Crash modes to explore: lossy (abort), +flush (storage keeps
+        /// every write), power (simulated machine crash).
+        #[arg(long, value_delimiter = ',', default_values_t = ["lossy".to_string(), "+flush".to_string(), "power".to_string()],
+              value_parser = ["lossy", "+flush", "power"])]
+        modes: Vec<String>,
+        /// Skip the injected I/O error pass.
+        #[arg(long)]
+        no_io_errors: bool,
+        /// Guarantees to explore, each in full: the task's start-up path
+        /// differs (under at-least-once a transactional guest recovers from
+        /// a checkpoint written after every commit).
+        #[arg(long, value_delimiter = ',', default_values_t = [Guarantee::ExactlyOnce])]
+        guarantees: Vec<Guarantee>,
+        /// An option for the guest's `init`, as `key=value` (repeatable):
+        /// test the strategy with the settings it will run with.
+        #[arg(long = "option", value_name = "KEY=VALUE", value_parser = parse_option)]
+        options: Vec<(String, String)>,
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -135,6 +201,7 @@ enum Command {
         /// Runs per figure; the median is reported.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// md: a markdown table; json: the figures as JSON.
         #[arg(long, value_enum, default_value_t = BenchFormat::Md)]
         format: BenchFormat,
         /// Also write the figures as JSON to this file.
@@ -171,6 +238,13 @@ enum Command {
         kafka: Option<String>,
         #[arg(long)]
         topic: Option<String>,
+        /// An injected I/O error is armed: stopping on an error is expected.
+        #[arg(long)]
+        expect_errors: bool,
+        #[arg(long, default_value_t = Guarantee::ExactlyOnce)]
+        guarantee: Guarantee,
+        #[arg(long = "option", value_parser = parse_option)]
+        options: Vec<(String, String)>,
     },
     /// Show a guest's world, version and whether it is transactional.
     Inspect {
@@ -200,14 +274,8 @@ enum BenchFormat {
     Json,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Format {
-    Tsv,
-    Json,
-}
-
-/// Renders bytes for a terminal: printable ASCII as is, `\\`, `\t`, `\n`
-/// and everything else as `\xNN`.
+/// Renders bytes in a diagnostic message: printable ASCII as is, `\\`,
+/// `\t`, `\n` and everything else as `\xNN`.
 pub fn escape(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len());
     for &b in bytes {
@@ -220,6 +288,14 @@ pub fn escape(bytes: &[u8]) -> String {
         }
     }
     s
+}
+
+/// `key=value`, for `--option`.
+fn parse_option(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}` is not key=value"))
 }
 
 fn runtime_for(config: &Config) -> Result<Runtime> {
@@ -242,6 +318,11 @@ pub fn main(cli: Cli) -> Result<()> {
         max_points,
         workers,
         kafka,
+        power_seeds,
+        modes,
+        no_io_errors,
+        guarantees,
+        options,
         json,
     } = cli.command
     {
@@ -258,7 +339,13 @@ pub fn main(cli: Cli) -> Result<()> {
             max_points,
             workers,
             only: cli.crash_at,
+            only_io_error: cli.io_error,
             kafka,
+            power_seeds,
+            modes,
+            io_errors: !no_io_errors,
+            guarantees,
+            guest_options: options,
             progress: std::io::stderr().is_terminal(),
             ..Default::default()
         };
@@ -270,6 +357,12 @@ pub fn main(cli: Cli) -> Result<()> {
         .transpose()
         .map_err(anyhow::Error::msg)?;
     crash::arm(point).map_err(anyhow::Error::msg)?;
+    let injection = cli
+        .io_error
+        .map(|s| s.parse::<crate::fault::Injection>())
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    crate::fault::arm(injection).map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Conformance { .. } => unreachable!("handled above"),
         Command::Bench {
@@ -328,6 +421,9 @@ pub fn main(cli: Cli) -> Result<()> {
             ops,
             kafka,
             topic,
+            expect_errors,
+            guarantee,
+            options,
         } => {
             let runtime = Runtime::new(crate::config::default_cache_dir())?;
             let kafka = kafka
@@ -340,6 +436,9 @@ pub fn main(cli: Cli) -> Result<()> {
                 seed,
                 ops,
                 kafka.as_ref(),
+                expect_errors,
+                guarantee,
+                &options,
             ));
         }
         Command::Run {
@@ -364,13 +463,18 @@ pub fn main(cli: Cli) -> Result<()> {
             key,
             config,
             isolation,
+            format,
         } => {
             let (mut task, _) = open(&config)?;
             let value = task.get(key.as_bytes(), isolation.into())?;
             task.close()?;
             match value {
-                Some(v) => println!("{}", escape(&v)),
-                None => anyhow::bail!("key {} not found", escape(key.as_bytes())),
+                Some(v) => {
+                    let mut out = std::io::stdout().lock();
+                    output::write_value(&mut out, format, &v)?;
+                    out.flush()?;
+                }
+                None => anyhow::bail!("key {} not found", output::escape(key.as_bytes())),
             }
             Ok(())
         }
@@ -380,29 +484,27 @@ pub fn main(cli: Cli) -> Result<()> {
             to,
             isolation,
             format,
+            limit,
+            keys_only,
+            count,
         } => {
             let (mut task, _) = open(&config)?;
-            let entries = task.store().range_all(
+            let mut entries = task.store().range_all(
                 from.as_deref().map(str::as_bytes),
                 to.as_deref().map(str::as_bytes),
                 isolation.into(),
             )?;
             task.close()?;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            match format {
-                Format::Tsv => {
-                    for (k, v) in entries {
-                        writeln!(out, "{}\t{}", escape(&k), escape(&v))?;
-                    }
-                }
-                Format::Json => {
-                    let rows: Vec<_> = entries
-                        .iter()
-                        .map(|(k, v)| serde_json::json!({"key": escape(k), "value": escape(v)}))
-                        .collect();
-                    writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
-                }
+            if let Some(n) = limit {
+                entries.truncate(n);
             }
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            if count {
+                writeln!(out, "{}", entries.len())?;
+            } else {
+                output::write_entries(&mut out, format, output::Shape { keys_only }, &entries)?;
+            }
+            out.flush()?;
             Ok(())
         }
         Command::Put { key, value, config } => {

@@ -8,7 +8,7 @@ use crate::crash;
 use crate::runtime::{CallError, Runtime};
 use crate::task::{RecoveryReport, Task, TaskStats};
 use anyhow::{Context, Result};
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -17,6 +17,9 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
     let input = input
         .or_else(|| config.input())
         .context("no input: pass --input FILE or set task.input in the config")?;
+    if let Err(e) = std::fs::metadata(&input) {
+        anyhow::bail!("cannot open input {}: {e}", input.display());
+    }
     let runtime = Runtime::new(config.cache_dir())?;
     let started = Instant::now();
     let (mut task, first_report) = open(&config, &runtime, json)?;
@@ -42,6 +45,7 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
     }
     let peak_memory = task.guest_peak_memory_bytes();
     let mut stats = task.close()?;
+    crash::step("after-close");
     stats.add(&done);
     let secs = started.elapsed().as_secs_f64();
     if json {
@@ -95,7 +99,9 @@ fn is_guest_failure(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Processes the input from the task's committed position to its end.
+/// Processes the input from the task's committed position to its end: one
+/// record per newline-terminated line (a last line without a newline is
+/// left for a later run, when it is complete).
 fn feed(task: &mut Task, input: &Path) -> Result<()> {
     let file = std::fs::File::open(input)
         .with_context(|| format!("cannot open input {}", input.display()))?;
@@ -108,7 +114,27 @@ fn feed(task: &mut Task, input: &Path) -> Result<()> {
         );
     }
     let mut reader = BufReader::with_capacity(1 << 20, file);
-    reader.seek(SeekFrom::Start(position))?;
+    // The input consumed so far must be the one the store consumed: a
+    // different file of sufficient length would otherwise resume mid-way.
+    let mut check = 0u32;
+    let mut left = position;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = reader.read(&mut buf[..left.min(1 << 20) as usize])?;
+        anyhow::ensure!(n > 0, "input {} shrank while it was read", input.display());
+        check = crc32c::crc32c_append(check, &buf[..n]);
+        left -= n as u64;
+    }
+    if let Some(committed) = task.committed_input_check() {
+        if committed != check {
+            anyhow::bail!(
+                "input {} is not the input this store consumed: its first {position} bytes differ from what was \
+                 committed (crc32c {check:08x}, committed {committed:08x}); give the same file (it may have grown), \
+                 or use a new state_dir for new input",
+                input.display()
+            );
+        }
+    }
     let bar = indicatif::ProgressBar::new(total).with_position(position);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -117,14 +143,41 @@ fn feed(task: &mut Task, input: &Path) -> Result<()> {
         .unwrap(),
     );
     let mut line = Vec::new();
+    let (mut warned_crlf, mut warned_utf8) = (false, false);
     loop {
         line.clear();
         let n = reader.read_until(b'\n', &mut line)?;
         if n == 0 {
             break;
         }
+        let Some(record) = line.strip_suffix(b"\n") else {
+            // A record ends only at a newline: a last line without one may
+            // still be being written, and taking it now would split it.
+            eprintln!(
+                "note: input {} ends with a line of {n} bytes without a newline (byte {position}): held until it \
+                 is complete",
+                input.display()
+            );
+            break;
+        };
         position += n as u64;
-        let record = line.strip_suffix(b"\n").unwrap_or(&line);
+        check = crc32c::crc32c_append(check, &line);
+        task.set_next_input_check(check);
+        if !warned_crlf && record.ends_with(b"\r") {
+            warned_crlf = true;
+            tracing::warn!(
+                "input {} has CRLF line ends (first at byte {}): the \\r stays part of each record",
+                input.display(),
+                position - 1
+            );
+        }
+        if !warned_utf8 && std::str::from_utf8(record).is_err() {
+            warned_utf8 = true;
+            tracing::warn!(
+                "input {} is not valid UTF-8 (first in the line ending at byte {position}): records are taken as bytes",
+                input.display()
+            );
+        }
         task.process(record, position)?;
         task.stats.input_bytes += n as u64;
         if task.stats.records % 4096 == 0 {

@@ -15,14 +15,59 @@ use std::path::Path;
 /// the workload's large values exercise early commits.
 pub const UNCOMMITTED_MAX_BYTES: u64 = 24 << 10;
 
+/// The conformance changelog rolls past this many bytes per segment.
+pub const SEGMENT_BYTES: u64 = 48 << 10;
+
 /// Exit code of a child that found a violation (an abort is SIGABRT).
 pub const VIOLATION_EXIT: i32 = 3;
+/// Exit code of a child that stopped on an error it was told to expect
+/// (an injected I/O error).
+pub const STOPPED_EXIT: i32 = 4;
+
+/// What the task acknowledged, kept beside the state directory where no
+/// simulated crash reaches it: the independent record of what a crash must
+/// not lose. A commit is acknowledged when `commit` returned; a clean
+/// shutdown when `close` returned.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Acked {
+    /// Workload steps covered by an acknowledged commit.
+    pub steps: usize,
+    /// The checkpoint offset of an acknowledged clean shutdown that no run
+    /// has started from since.
+    pub closed_at: Option<u64>,
+}
+
+/// The file that holds what the task acknowledged for state directory `dir`.
+pub fn acked_path(dir: &Path) -> std::path::PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".acked");
+    dir.with_file_name(name)
+}
+
+fn read_acked(dir: &Path) -> Acked {
+    std::fs::read(acked_path(dir))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_acked(dir: &Path, acked: &Acked) {
+    let path = acked_path(dir);
+    let tmp = path.with_extension("acked.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(acked).unwrap()).expect("write the acknowledgements");
+    std::fs::rename(&tmp, &path).expect("write the acknowledgements");
+}
 
 /// A broken promise, named so that reports can be grouped by property.
 #[derive(Debug)]
 pub struct Violation {
     pub property: &'static str,
     pub detail: String,
+}
+
+/// Whether `v` is an error the host reported rather than a broken promise.
+pub fn is_error(v: &Violation) -> bool {
+    matches!(v.property, "no guest errors" | "recovery follows the contract")
 }
 
 fn violation(property: &'static str, detail: impl Into<String>) -> Violation {
@@ -44,6 +89,9 @@ pub struct Summary {
     pub recover_calls: u64,
     /// Times each protocol step was reached.
     pub steps: Vec<(String, u64)>,
+    /// I/O calls made, per kind ([`crate::fault::counts`]).
+    #[serde(default)]
+    pub io_calls: Vec<(String, u64)>,
 }
 
 /// The task configuration every conformance run uses.
@@ -59,6 +107,8 @@ pub fn config(guest: &str, dir: &Path, kafka: Option<&super::KafkaTarget>) -> Co
     config.task.commit_interval_records = u64::MAX;
     config.task.commit_interval_ms = u64::MAX;
     config.task.uncommitted_max_bytes = UNCOMMITTED_MAX_BYTES;
+    // Small segments, so the workload rolls and seals several of them.
+    config.changelog.segment_bytes = SEGMENT_BYTES;
     config
 }
 
@@ -112,16 +162,42 @@ fn diff(got: &[(Vec<u8>, Vec<u8>)], want: &[(Vec<u8>, Vec<u8>)]) -> Option<Strin
 /// stands. Returns what it saw, or the first violation.
 pub fn run(
     runtime: &Runtime,
-    guest: &str,
-    dir: &Path,
+    config: &Config,
     steps: &[Step],
-    kafka: Option<&super::KafkaTarget>,
 ) -> Result<Summary, Violation> {
-    let config = config(guest, dir, kafka);
-    let (mut task, report) = Task::open(&config, runtime)
+    let dir = &config.state_dir();
+    let acked = read_acked(dir);
+    // The first start after a clean shutdown checks its checkpoint; a start
+    // that crashes after reading it has consumed it, so clear it first.
+    if acked.closed_at.is_some() {
+        write_acked(dir, &Acked { steps: acked.steps, closed_at: None });
+    }
+    let (mut task, report) = Task::open(config, runtime)
         .map_err(|e| violation("recovery follows the contract", format!("{e:#}")))?;
     let (_, recover_calls) = crash::call_counts();
     let done = task.committed_input_position() as usize;
+    if done < acked.steps {
+        return Err(violation(
+            "nothing committed is lost",
+            format!(
+                "the task acknowledged a commit of {} steps, but after the crash the changelog holds {done} \
+                 (recovery: {}, replayed {} records)",
+                acked.steps, report.action, report.replayed_records
+            ),
+        ));
+    }
+    if let Some(at) = acked.closed_at {
+        if report.checkpoint != Some(at) {
+            return Err(violation(
+                "a clean shutdown survives a crash",
+                format!(
+                    "the task closed cleanly with checkpoint {at}, but the next start found {:?}",
+                    report.checkpoint
+                ),
+            ));
+        }
+    }
+    write_acked(dir, &Acked { steps: done, closed_at: None });
     if done > steps.len() {
         return Err(violation(
             "committed state",
@@ -158,9 +234,15 @@ pub fn run(
             format!("at step {done}, read-uncommitted: {d}"),
         ));
     }
-    execute(&mut task, steps, done, committed, report.transactional)?;
-    task.close()
+    execute(&mut task, steps, done, committed, report.transactional, dir)?;
+    let stats = task
+        .close()
         .map_err(|e| violation("no guest errors", format!("close: {e:#}")))?;
+    write_acked(
+        dir,
+        &Acked { steps: stats.committed_steps as usize, closed_at: Some(stats.closed_at) },
+    );
+    crash::step("after-close");
     let (commit_calls, _) = crash::call_counts();
     Ok(Summary {
         resumed_at: done,
@@ -169,6 +251,10 @@ pub fn run(
         commit_calls,
         recover_calls,
         steps: crash::step_counts()
+            .into_iter()
+            .map(|(s, n)| (s.to_string(), n))
+            .collect(),
+        io_calls: crate::fault::counts()
             .into_iter()
             .map(|(s, n)| (s.to_string(), n))
             .collect(),
@@ -182,6 +268,7 @@ fn execute(
     from: usize,
     mut committed: Model,
     transactional: bool,
+    dir: &Path,
 ) -> Result<(), Violation> {
     let guest_error = |e: anyhow::Error| violation("no guest errors", format!("{e:#}"));
     let mut live = committed.clone();
@@ -237,6 +324,7 @@ fn execute(
         if now != committed_at {
             committed_at = now;
             committed = workload::model_at(steps, now);
+            write_acked(dir, &Acked { steps: now, closed_at: None });
         }
         if now == i + 1 && matches!(step, Step::Commit) {
             let left = task

@@ -11,6 +11,18 @@
 //! its own recovery (every `recover-call:N`, and `during-restore`) before it
 //! is recovered: the double crash. Checks that need no crash are in
 //! [`contract`]. Every failure names the property and prints a reproducer.
+//!
+//! Each crash point is tried in three modes: `lossy` (abort: storage loses
+//! its unsynced writes, the host's files keep the page cache), `+flush`
+//! (storage keeps every write) and `power` (a simulated machine crash:
+//! [`crate::file::power`] and [`crate::storage::power`]), the last once
+//! without a seed (nothing unsynced kept) and, where the crash had choices
+//! to make, with `--power-seeds N` seeds (torn pages, a prefix of the
+//! unsynced storage writes). The `--io-errors` pass makes the N-th call of
+//! each kind of I/O fail ([`crate::fault`]): the child must stop with one
+//! error line, and the next start must recover exactly. Besides the model,
+//! every child checks what earlier children acknowledged ([`child::Acked`]):
+//! a commit that returned, and a clean shutdown, survive any crash.
 
 pub mod child;
 pub mod contract;
@@ -44,8 +56,22 @@ pub struct Options {
     /// Run one case only: `P` or `P,Q` (a crash at P, then at Q during
     /// recovery), as printed in a reproducer line.
     pub only: Option<String>,
+    /// Run one injected I/O error case only (`KIND:N`), as printed in a
+    /// reproducer line.
+    pub only_io_error: Option<String>,
     /// Bootstrap servers: each case's changelog is a fresh Kafka topic.
     pub kafka: Option<String>,
+    /// Seeded power losses per crash point (besides the seedless one).
+    pub power_seeds: u64,
+    /// Crash modes explored (of `lossy`, `+flush`, `power`).
+    pub modes: Vec<String>,
+    /// The guarantees the task runs under, each explored in full.
+    pub guarantees: Vec<crate::config::Guarantee>,
+    /// Options passed to the guest's `init` (`--option k=v`), so it is
+    /// tested with the settings it will run with.
+    pub guest_options: Vec<(String, String)>,
+    /// Run the injected I/O error pass.
+    pub io_errors: bool,
     pub progress: bool,
 }
 
@@ -86,7 +112,13 @@ impl Default for Options {
             max_points: 64,
             workers: 2,
             only: None,
+            only_io_error: None,
             kafka: None,
+            power_seeds: 2,
+            modes: MODES[1..].iter().map(|m| m.to_string()).collect(),
+            guarantees: vec![crate::config::Guarantee::ExactlyOnce],
+            guest_options: Vec::new(),
+            io_errors: true,
             progress: true,
         }
     }
@@ -99,8 +131,26 @@ pub const CHECKS: &[&str] = &[
     "crash at a protocol step",
     "crash inside commit",
     "crash inside recovery",
+    "crash after restart",
     "random seeds",
+    "injected I/O error",
 ];
+
+/// The crash modes, as the table names them.
+pub const MODES: &[&str] = &["-", "lossy", "+flush", "power"];
+
+/// The mode a case's crash points say (its last point's suffix).
+fn mode_of(points: &[String], io_error: bool) -> &'static str {
+    if io_error {
+        return "-";
+    }
+    match points.last() {
+        None => "-",
+        Some(p) if p.contains("+power") => "power",
+        Some(p) if p.ends_with("+flush") => "+flush",
+        Some(_) => "lossy",
+    }
+}
 
 /// One broken promise with the command that shows it again.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -114,6 +164,10 @@ pub struct Failure {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Row {
     pub check: &'static str,
+    /// The guarantee the task ran under.
+    pub guarantee: crate::config::Guarantee,
+    /// Crash mode: `lossy`, `+flush`, `power`, or `-` (no crash).
+    pub mode: &'static str,
     pub cases: u64,
     pub passed: u64,
     pub failed: u64,
@@ -126,6 +180,8 @@ pub struct GuestReport {
     pub guest: String,
     /// Distinct crash points (first and second crashes) that were reached.
     pub crash_points: u64,
+    /// The same, per crash mode (`lossy`, `+flush`, `power`).
+    pub crash_points_by_mode: std::collections::BTreeMap<&'static str, u64>,
     pub rows: Vec<Row>,
     pub failures: Vec<Failure>,
 }
@@ -139,8 +195,23 @@ impl GuestReport {
 /// How one child process ended.
 enum Outcome {
     Finished(child::Summary),
-    Crashed,
+    /// Aborted at its crash point; `choices` is how many things a power
+    /// loss there could have kept (0: every seed gives the same state).
+    Crashed { choices: u64 },
+    /// Stopped on the injected I/O error, with its error line.
+    Stopped(String),
     Violation { property: String, detail: String },
+}
+
+/// How a child is run.
+#[derive(Clone, Copy)]
+struct Env<'a> {
+    guarantee: crate::config::Guarantee,
+    guest_options: &'a [(String, String)],
+    kafka: Option<&'a KafkaTarget>,
+    /// Keep a power journal (every child of a power or I/O error case).
+    power_sim: bool,
+    io_error: Option<&'a str>,
 }
 
 /// Runs `txstore conformance-child` for `guest` on `dir`, crashing at `at`.
@@ -150,8 +221,9 @@ fn spawn(
     seed: u64,
     ops: usize,
     at: Option<&str>,
-    kafka: Option<&KafkaTarget>,
+    env: Env,
 ) -> Result<Outcome> {
+    let kafka = env.kafka;
     let exe = std::env::current_exe().context("cannot find the txstore executable")?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -165,7 +237,17 @@ fn spawn(
         "--dir",
     ])
     .arg(dir)
-    .env_remove(crate::crash::ENV);
+    .args(["--guarantee", &env.guarantee.to_string()])
+    .args(env.guest_options.iter().flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]))
+    .env_remove(crate::crash::ENV)
+    .env_remove(crate::fault::ENV)
+    .env_remove(crate::file::power::ENV);
+    if env.power_sim {
+        cmd.env(crate::file::power::ENV, "1");
+    }
+    if let Some(spec) = env.io_error {
+        cmd.env(crate::fault::ENV, spec).arg("--expect-errors");
+    }
     if let Some(k) = kafka {
         cmd.args(["--kafka", &k.bootstrap, "--topic", &k.topic]);
     }
@@ -173,10 +255,30 @@ fn spawn(
         cmd.env(crate::crash::ENV, p);
     }
     let out = cmd.output().context("cannot start a conformance child")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.signal() == Some(SIGABRT) {
-        return Ok(Outcome::Crashed);
+        let choices = stderr
+            .split("choices=")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        return Ok(Outcome::Crashed { choices });
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() == Some(child::STOPPED_EXIT) {
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_default();
+        return Ok(Outcome::Stopped(v["stopped"].as_str().unwrap_or("?").to_string()));
+    }
+    if env.io_error.is_some() && out.status.success() && stderr.contains("txstore: injecting") {
+        return Ok(Outcome::Violation {
+            property: "an I/O error stops the process".into(),
+            detail: format!(
+                "the run went on to a clean finish after the injected {} error",
+                env.io_error.unwrap_or("?")
+            ),
+        });
+    }
     if out.status.success() || out.status.code() == Some(child::VIOLATION_EXIT) {
         let v: serde_json::Value = serde_json::from_str(stdout.trim()).with_context(|| {
             format!(
@@ -195,7 +297,6 @@ fn spawn(
             detail: v["violation"]["detail"].as_str().unwrap_or("?").to_string(),
         });
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
     Ok(Outcome::Violation {
         property: "the host survives the guest".into(),
         detail: format!(
@@ -209,8 +310,23 @@ fn spawn(
 /// The signal `abort()` ends a process with: a crash point was reached.
 const SIGABRT: i32 = 6;
 
-/// Copies a state directory, so one crashed state can be recovered in
-/// several ways.
+/// Copies a case's state directory with what lives beside it (the power
+/// journal, the acknowledgements), so one crashed state can be recovered
+/// in several ways.
+fn copy_state(from: &Path, to: &Path) -> std::io::Result<()> {
+    copy_dir(from, to)?;
+    let journal = crate::file::power::journal_dir(from);
+    if journal.exists() {
+        copy_dir(&journal, &crate::file::power::journal_dir(to))?;
+    }
+    let acked = child::acked_path(from);
+    if acked.exists() {
+        std::fs::copy(&acked, child::acked_path(to))?;
+    }
+    Ok(())
+}
+
+/// Copies a directory tree.
 pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
@@ -235,6 +351,10 @@ struct Case {
     points: Vec<String>,
     /// Bootstrap servers when the changelog is in Kafka.
     kafka: Option<String>,
+    /// An injected I/O error for the first child (`KIND:N`).
+    io_error: Option<String>,
+    guarantee: crate::config::Guarantee,
+    guest_options: Vec<(String, String)>,
 }
 
 impl Case {
@@ -249,7 +369,25 @@ impl Case {
         if !self.points.is_empty() {
             s.push_str(&format!(" --crash-at {}", self.points.join(",")));
         }
+        if let Some(e) = &self.io_error {
+            s.push_str(&format!(" --io-error {e}"));
+        }
+        if self.guarantee != crate::config::Guarantee::ExactlyOnce {
+            s.push_str(&format!(" --guarantees {}", self.guarantee));
+        }
+        for (k, v) in &self.guest_options {
+            s.push_str(&format!(" --option {k}={v}"));
+        }
         s
+    }
+
+    fn mode(&self) -> &'static str {
+        mode_of(&self.points, self.io_error.is_some())
+    }
+
+    /// Power and I/O error cases keep a power journal in every child.
+    fn power_sim(&self) -> bool {
+        self.io_error.is_some() || self.points.iter().any(|p| p.contains("+power"))
     }
 }
 
@@ -258,6 +396,8 @@ struct CaseResult {
     case: Case,
     /// Crashes that really happened (a point may lie past the workload's end).
     reached: usize,
+    /// The power-loss choices of the first crash (see [`Outcome::Crashed`]).
+    choices: u64,
     failure: Option<Failure>,
     /// After a first crash: the recovery-crash points its recovery reaches.
     second_points: Vec<String>,
@@ -265,17 +405,24 @@ struct CaseResult {
     elapsed: Duration,
 }
 
-/// Runs a case: the crashes in order, then recovery and the rest of the
-/// workload, then a clean restart.
+/// Runs a case: the injected error or the crashes in order, then
+/// recovery and the rest of the workload, then a clean restart.
 fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
     let started = Instant::now();
     let dir = tempfile::tempdir()?;
     let state = dir.path().join("state");
     let kafka = case.kafka.as_deref().map(KafkaTarget::fresh);
-    let kafka = kafka.as_ref();
+    let env = Env {
+        kafka: kafka.as_ref(),
+        power_sim: case.power_sim(),
+        io_error: None,
+        guarantee: case.guarantee,
+        guest_options: &case.guest_options,
+    };
     let mut result = CaseResult {
         case: case.clone(),
         reached: 0,
+        choices: 0,
         failure: None,
         second_points: Vec::new(),
         summary: None,
@@ -287,15 +434,43 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
         detail,
         reproducer: case.reproducer(),
     };
-    let when = if case.points.is_empty() {
+    let mut when = if case.points.is_empty() {
         String::new()
     } else {
         format!(" (after a crash at {})", case.points.join(", then "))
     };
+    if let Some(spec) = &case.io_error {
+        when = format!(" (after an injected {spec} error)");
+        let io_env = Env { io_error: Some(spec.as_str()), ..env };
+        match spawn(&case.guest, &state, case.seed, case.ops, None, io_env)? {
+            Outcome::Stopped(line) if line.contains('\n') => {
+                result.failure = Some(fail(
+                    "an I/O error is reported in one line".into(),
+                    line,
+                    &when,
+                ));
+            }
+            Outcome::Stopped(_) | Outcome::Finished(_) => result.reached += 1,
+            Outcome::Crashed { .. } => bail!("a child crashed with no crash point armed"),
+            Outcome::Violation { property, detail } => {
+                result.failure = Some(fail(property, detail, &when));
+            }
+        }
+        if result.failure.is_some() {
+            result.elapsed = started.elapsed();
+            return Ok(result);
+        }
+    }
     for p in &case.points {
-        match spawn(&case.guest, &state, case.seed, case.ops, Some(p), kafka)? {
-            Outcome::Crashed => result.reached += 1,
+        match spawn(&case.guest, &state, case.seed, case.ops, Some(p), env)? {
+            Outcome::Crashed { choices } => {
+                if result.reached == 0 {
+                    result.choices = choices;
+                }
+                result.reached += 1;
+            }
             Outcome::Finished(_) => {}
+            Outcome::Stopped(line) => bail!("a child stopped with no error injected: {line}"),
             Outcome::Violation { property, detail } => {
                 result.failure = Some(fail(property, detail, &when));
                 result.elapsed = started.elapsed();
@@ -306,15 +481,10 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
     if probe_second && result.reached > 0 {
         // Learn which crash points this state's recovery reaches.
         let probe = tempfile::tempdir()?;
-        copy_dir(&state, &probe.path().join("state"))?;
-        if let Outcome::Finished(s) = spawn(
-            &case.guest,
-            &probe.path().join("state"),
-            case.seed,
-            case.ops,
-            None,
-            kafka,
-        )? {
+        copy_state(&state, &probe.path().join("state"))?;
+        if let Outcome::Finished(s) =
+            spawn(&case.guest, &probe.path().join("state"), case.seed, case.ops, None, env)?
+        {
             result.second_points = (1..=s.recover_calls)
                 .map(|m| format!("recover-call:{m}"))
                 .collect();
@@ -327,13 +497,14 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
         }
     }
     for (round, label) in ["", " (clean restart)"].iter().enumerate() {
-        match spawn(&case.guest, &state, case.seed, case.ops, None, kafka)? {
+        match spawn(&case.guest, &state, case.seed, case.ops, None, env)? {
             Outcome::Finished(s) => {
                 if round == 0 {
                     result.summary = Some(s);
                 }
             }
-            Outcome::Crashed => bail!("a child crashed with no crash point armed"),
+            Outcome::Crashed { .. } => bail!("a child crashed with no crash point armed"),
+            Outcome::Stopped(line) => bail!("a child stopped with no error injected: {line}"),
             Outcome::Violation { property, detail } => {
                 result.failure = Some(fail(property, detail, &format!("{when}{label}")));
                 break;
@@ -391,15 +562,40 @@ fn spread(n: u64, max: usize) -> Vec<u64> {
 }
 
 /// The first crash points a clean run's summary says exist, each also as
-/// `+flush` (the crash keeps every write, synced or not).
-fn first_points(s: &child::Summary, max: usize) -> Vec<(String, &'static str)> {
-    let mut points = lossy_points(s, max);
-    let flushed: Vec<_> = points
-        .iter()
-        .map(|(p, check)| (format!("{p}+flush"), *check))
-        .collect();
-    points.extend(flushed);
+/// `+flush` (the crash keeps every write, synced or not) and as `+power`
+/// (a machine crash that keeps only what was synced).
+fn first_points(s: &child::Summary, max: usize, modes: &[String]) -> Vec<(String, &'static str)> {
+    let lossy = lossy_points(s, max);
+    let mut points = Vec::new();
+    for (mode, suffix) in [("lossy", ""), ("+flush", "+flush"), ("power", "+power")] {
+        if modes.iter().any(|m| m == mode) {
+            points.extend(lossy.iter().map(|(p, check)| (format!("{p}{suffix}"), *check)));
+        }
+    }
     points
+}
+
+/// After an abort inside the changelog's fsync, the page cache still holds
+/// a commit frame that is not durable. The next start must make what it
+/// trusts durable before a store commit or the resumed input depends on
+/// it: a power loss once it runs again tells.
+fn after_restart_points(s: &child::Summary, max: usize) -> Vec<Vec<String>> {
+    let count = s
+        .steps
+        .iter()
+        .find(|(n, _)| n == "before-changelog-sync")
+        .map_or(0, |(_, c)| *c);
+    spread(count, max)
+        .into_iter()
+        .map(|k| {
+            let first = if k == 1 {
+                "before-changelog-sync".to_string()
+            } else {
+                format!("before-changelog-sync@{k}")
+            };
+            vec![first, "after-write+power".to_string()]
+        })
+        .collect()
 }
 
 fn lossy_points(s: &child::Summary, max: usize) -> Vec<(String, &'static str)> {
@@ -420,6 +616,28 @@ fn lossy_points(s: &child::Summary, max: usize) -> Vec<(String, &'static str)> {
     points
 }
 
+/// The injected errors a clean run's summary says can happen: the N-th
+/// call of every kind, spread over up to `max` calls per kind.
+fn io_error_specs(s: &child::Summary, max: usize) -> Vec<String> {
+    let count = |class: &str| {
+        s.io_calls
+            .iter()
+            .find(|(c, _)| c == class)
+            .map_or(0, |(_, n)| *n)
+    };
+    let mut specs = Vec::new();
+    for kind in crate::fault::KINDS {
+        let class = match *kind {
+            "write-enospc" | "write-short" => "write",
+            k => k,
+        };
+        for n in spread(count(class), max) {
+            specs.push(format!("{kind}:{n}"));
+        }
+    }
+    specs
+}
+
 /// Runs the suite on one guest.
 pub fn check_guest(
     runtime: &Runtime,
@@ -427,52 +645,65 @@ pub fn check_guest(
     opts: &Options,
     bar: &indicatif::ProgressBar,
 ) -> Result<GuestReport> {
-    let mut rows: Vec<Row> = CHECKS
-        .iter()
-        .map(|c| Row {
-            check: c,
-            ..Row::default()
-        })
-        .collect();
+    let mut rows: Vec<Row> = Vec::new();
     let mut failures = Vec::new();
+    let mut report = GuestReport {
+        guest: guest.into(),
+        crash_points: 0,
+        crash_points_by_mode: Default::default(),
+        rows: Vec::new(),
+        failures: Vec::new(),
+    };
     bar.set_message(guest.to_string());
+    let case = |guarantee, check: &'static str, seed: u64, points: Vec<String>| Case {
+        guest: guest.into(),
+        check,
+        seed,
+        ops: opts.ops,
+        points,
+        kafka: opts.kafka.clone(),
+        io_error: None,
+        guarantee,
+        guest_options: opts.guest_options.clone(),
+    };
+    let first_guarantee = opts.guarantees.first().copied().unwrap_or_default();
 
-    if let Some(only) = &opts.only {
-        let points: Vec<String> = only.split(',').map(str::to_string).collect();
+    if opts.only.is_some() || opts.only_io_error.is_some() {
+        let points: Vec<String> = opts
+            .only
+            .iter()
+            .flat_map(|o| o.split(','))
+            .map(str::to_string)
+            .collect();
         let check = match points.as_slice() {
+            [] => CHECKS[7],
             [p] if p.starts_with("commit-call:") => CHECKS[3],
             [_] => CHECKS[2],
+            [_, q] if q.starts_with("after-write") => CHECKS[5],
             _ => CHECKS[4],
         };
-        let case = Case {
-            guest: guest.into(),
-            check,
-            seed: opts.seed,
-            ops: opts.ops,
-            points,
-            kafka: opts.kafka.clone(),
-        };
-        let mut results = run_all(vec![(case, false)], opts, bar)?;
+        let mut c = case(first_guarantee, check, opts.seed, points);
+        c.io_error = opts.only_io_error.clone();
+        let mut results = run_all(vec![(c, false)], opts, bar)?;
         let r = results.pop().expect("one case");
         record(&mut rows, &mut failures, &r);
-        return Ok(GuestReport {
-            guest: guest.into(),
-            crash_points: r.reached as u64,
-            rows,
-            failures,
-        });
+        report.count_reached(&r);
+        report.rows = rows;
+        report.failures = failures;
+        return Ok(report);
     }
 
     // Contract checks, in process.
     let started = Instant::now();
     let component = runtime.load(&GuestSource::parse(guest))?;
+    let mut contract_row = Row { check: CHECKS[0], mode: "-", ..Row::default() };
     for (property, check) in contract::CHECKS {
-        rows[0].cases += 1;
+        contract_row.cases += 1;
         let outcome = contract::Fixture::new(&component).and_then(|mut f| check(&mut f));
         match outcome {
-            Ok(()) => rows[0].passed += 1,
+            Ok(()) => contract_row.passed += 1,
             Err(detail) => {
-                rows[0].failed += 1;
+                contract_row.failed += 1;
                 failures.push(Failure {
                     check: CHECKS[0],
                     property: property.to_string(),
@@ -485,106 +716,123 @@ pub fn check_guest(
             }
         }
     }
-    rows[0].seconds = started.elapsed().as_secs_f64();
+    contract_row.seconds = started.elapsed().as_secs_f64();
+    rows.push(contract_row);
 
-    // Clean runs: the main seed and the random ones; they also count points.
-    let seeds: Vec<u64> = (0..=opts.random_seeds).map(|i| opts.seed + i).collect();
-    let clean: Vec<(Case, bool)> = seeds
-        .iter()
-        .map(|&seed| {
-            (
-                Case {
-                    guest: guest.into(),
-                    check: CHECKS[1],
-                    seed,
-                    ops: opts.ops,
-                    points: vec![],
-                    kafka: opts.kafka.clone(),
-                },
-                false,
-            )
-        })
-        .collect();
-    let clean = run_all(clean, opts, bar)?;
-    let mut crash_points = 0u64;
-    let mut cases = Vec::new();
-    for r in &clean {
-        record(&mut rows, &mut failures, r);
-        let Some(summary) = &r.summary else { continue };
-        let points = first_points(summary, opts.max_points);
-        if r.case.seed == opts.seed {
-            cases.extend(points.into_iter().map(|(p, check)| {
-                (
-                    Case {
-                        guest: guest.into(),
-                        check,
-                        seed: r.case.seed,
-                        ops: opts.ops,
-                        points: vec![p],
-                        kafka: opts.kafka.clone(),
-                    },
-                    // Crashes inside recovery start from copies of the
-                    // crashed state; a Kafka changelog cannot be copied.
-                    opts.kafka.is_none(),
-                )
-            }));
-        } else {
-            let mut rng = workload::Rng::new(r.case.seed);
-            for _ in 0..opts.random_points.min(points.len()) {
-                let (p, _) = &points[rng.below(points.len() as u64) as usize];
-                cases.push((
-                    Case {
-                        guest: guest.into(),
-                        check: CHECKS[5],
-                        seed: r.case.seed,
-                        ops: opts.ops,
-                        points: vec![p.clone()],
-                        kafka: opts.kafka.clone(),
-                    },
-                    false,
-                ));
+    // The exploration, once per guarantee: the start-up path differs
+    // (under at-least-once a transactional guest recovers from a
+    // checkpoint that survives the crash).
+    for &guarantee in &opts.guarantees {
+        // Clean runs: the main seed and the random ones; they also count points.
+        let seeds: Vec<u64> = (0..=opts.random_seeds).map(|i| opts.seed + i).collect();
+        let clean: Vec<(Case, bool)> = seeds
+            .iter()
+            .map(|&seed| (case(guarantee, CHECKS[1], seed, vec![]), false))
+            .collect();
+        let clean = run_all(clean, opts, bar)?;
+        let mut cases = Vec::new();
+        let mut io_cases = Vec::new();
+        for r in &clean {
+            record(&mut rows, &mut failures, r);
+            let Some(summary) = &r.summary else { continue };
+            let points = first_points(summary, opts.max_points, &opts.modes);
+            if r.case.seed == opts.seed {
+                // Crashes inside recovery start from copies of the crashed
+                // state; a Kafka changelog cannot be copied.
+                let probe = opts.kafka.is_none();
+                cases.extend(
+                    points
+                        .into_iter()
+                        .map(|(p, check)| (case(guarantee, check, r.case.seed, vec![p]), probe)),
+                );
+                if opts.modes.iter().any(|m| m == "power") && opts.kafka.is_none() {
+                    cases.extend(
+                        after_restart_points(summary, opts.max_points)
+                            .into_iter()
+                            .map(|points| (case(guarantee, CHECKS[5], r.case.seed, points), false)),
+                    );
+                }
+                if opts.io_errors && opts.kafka.is_none() {
+                    for spec in io_error_specs(summary, opts.max_points.min(16)) {
+                        let mut c = case(guarantee, CHECKS[7], r.case.seed, vec![]);
+                        c.io_error = Some(spec);
+                        io_cases.push((c, false));
+                    }
+                }
+            } else {
+                let mut rng = workload::Rng::new(r.case.seed);
+                for _ in 0..opts.random_points.min(points.len()) {
+                    let (p, _) = &points[rng.below(points.len() as u64) as usize];
+                    cases.push((case(guarantee, CHECKS[6], r.case.seed, vec![p.clone()]), false));
+                }
             }
         }
-    }
 
-    // First crashes; each crashed state also yields its recovery's points.
-    let firsts = run_all(cases, opts, bar)?;
-    let mut seconds = Vec::new();
-    for r in &firsts {
-        record(&mut rows, &mut failures, r);
-        crash_points += r.reached as u64;
-        for q in &r.second_points {
-            let points = vec![r.case.points[0].clone(), q.clone()];
-            seconds.push((
-                Case {
-                    guest: guest.into(),
-                    check: CHECKS[4],
-                    seed: r.case.seed,
-                    ops: opts.ops,
-                    points,
-                    kafka: opts.kafka.clone(),
-                },
-                false,
-            ));
+        // First crashes; each crashed state also yields its recovery's points,
+        // and each power loss that had choices to make, its seeded variants.
+        let firsts = run_all(cases, opts, bar)?;
+        let mut more = Vec::new();
+        for r in &firsts {
+            record(&mut rows, &mut failures, r);
+            report.count_reached(r);
+            let first = &r.case.points[0];
+            let power = first.ends_with("+power") && r.case.points.len() == 1;
+            for q in &r.second_points {
+                // A power case's second crash is a power loss too.
+                let q = if power { format!("{q}+power") } else { q.clone() };
+                more.push((case(guarantee, CHECKS[4], r.case.seed, vec![first.clone(), q]), false));
+            }
+            if power && r.choices > 0 && r.case.check != CHECKS[6] {
+                // (random-seed cases are sampled, not expanded)
+                for seed in 1..=opts.power_seeds {
+                    let p = format!("{first}:{seed}");
+                    more.push((case(guarantee, r.case.check, r.case.seed, vec![p]), false));
+                }
+            }
+        }
+        more.extend(io_cases);
+        for r in &run_all(more, opts, bar)? {
+            record(&mut rows, &mut failures, r);
+            report.count_reached(r);
         }
     }
-    for r in &run_all(seconds, opts, bar)? {
-        record(&mut rows, &mut failures, r);
-        crash_points += r.reached.saturating_sub(1) as u64;
-    }
-    Ok(GuestReport {
-        guest: guest.into(),
-        crash_points,
-        rows,
-        failures,
-    })
+    report.rows = rows;
+    report.failures = failures;
+    Ok(report)
 }
 
-fn record(rows: &mut [Row], failures: &mut Vec<Failure>, r: &CaseResult) {
-    let row = rows
-        .iter_mut()
-        .find(|row| row.check == r.case.check)
-        .expect("known check");
+impl GuestReport {
+    /// Counts the crash points a case really reached.
+    fn count_reached(&mut self, r: &CaseResult) {
+        if r.case.io_error.is_some() {
+            return;
+        }
+        let n = r.reached as u64;
+        self.crash_points += n;
+        *self.crash_points_by_mode.entry(r.case.mode()).or_default() += n;
+    }
+}
+
+fn record(rows: &mut Vec<Row>, failures: &mut Vec<Failure>, r: &CaseResult) {
+    let (check, mode, guarantee) = (r.case.check, r.case.mode(), r.case.guarantee);
+    let same = |row: &Row| row.check == check && row.mode == mode && row.guarantee == guarantee;
+    let i = match rows.iter().position(same) {
+        Some(i) => i,
+        None => {
+            rows.push(Row { check, mode, guarantee, ..Row::default() });
+            // Keep the table in guarantee order, then CHECKS, then modes.
+            let key = |row: &Row| {
+                (
+                    row.guarantee != crate::config::Guarantee::ExactlyOnce,
+                    CHECKS.iter().position(|c| *c == row.check),
+                    MODES.iter().position(|m| *m == row.mode),
+                )
+            };
+            rows.sort_by_key(key);
+            rows.iter().position(same).unwrap()
+        }
+    };
+    let row = &mut rows[i];
     row.cases += 1;
     row.seconds += r.elapsed.as_secs_f64();
     match &r.failure {
@@ -619,20 +867,27 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Vec<GuestReport>> {
 pub fn render(reports: &[GuestReport]) -> String {
     let mut out = String::new();
     for r in reports {
+        let by_mode: Vec<String> = r
+            .crash_points_by_mode
+            .iter()
+            .map(|(m, n)| format!("{m} {n}"))
+            .collect();
         out.push_str(&format!(
-            "\n{}: {} ({} crash points explored)\n",
+            "\n{}: {} ({} crash points explored: {})\n",
             r.guest,
             if r.passed() { "PASS" } else { "FAIL" },
-            r.crash_points
+            r.crash_points,
+            by_mode.join(", ")
         ));
         out.push_str(&format!(
-            "  {:<28} {:>7} {:>7} {:>7} {:>9}\n",
-            "check", "cases", "passed", "failed", "time"
+            "  {:<28} {:<6} {:<13} {:>7} {:>7} {:>7} {:>9}\n",
+            "check", "mode", "guarantee", "cases", "passed", "failed", "time"
         ));
         for row in &r.rows {
+            let guarantee = if row.check == CHECKS[0] { "-".to_string() } else { row.guarantee.to_string() };
             out.push_str(&format!(
-                "  {:<28} {:>7} {:>7} {:>7} {:>8.1}s\n",
-                row.check, row.cases, row.passed, row.failed, row.seconds
+                "  {:<28} {:<6} {:<13} {:>7} {:>7} {:>7} {:>8.1}s\n",
+                row.check, row.mode, guarantee, row.cases, row.passed, row.failed, row.seconds
             ));
         }
         for f in r.failures.iter().take(10) {
@@ -660,12 +915,26 @@ pub fn child_main(
     seed: u64,
     ops: usize,
     kafka: Option<&KafkaTarget>,
+    expect_errors: bool,
+    guarantee: crate::config::Guarantee,
+    options: &[(String, String)],
 ) -> i32 {
     let steps = workload::generate(seed, ops);
-    match child::run(runtime, guest, dir, &steps, kafka) {
+    let mut config = child::config(guest, dir, kafka);
+    config.task.guarantee = guarantee;
+    for (k, v) in options {
+        config.store.options.insert(k.clone(), toml::Value::String(v.clone()));
+    }
+    match child::run(runtime, &config, &steps) {
         Ok(summary) => {
             println!("{}", serde_json::json!({ "summary": summary }));
             0
+        }
+        // An error (not a broken promise) after an injected I/O error: the
+        // process stops, as it must.
+        Err(v) if expect_errors && child::is_error(&v) => {
+            println!("{}", serde_json::json!({ "stopped": v.detail }));
+            child::STOPPED_EXIT
         }
         Err(v) => {
             println!(

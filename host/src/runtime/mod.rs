@@ -176,8 +176,14 @@ impl Runtime {
                 self.load_bytes(name, bytes)
             }
             GuestSource::Path(path) => {
-                let bytes = std::fs::read(path)
-                    .with_context(|| format!("cannot read guest {}", path.display()))?;
+                let bytes = std::fs::read(path).with_context(|| {
+                    let names: Vec<_> = txstore_artifacts::names().collect();
+                    format!(
+                        "cannot read guest {}: it is neither a built-in guest ({}) nor a readable .wasm file",
+                        path.display(),
+                        names.join(", ")
+                    )
+                })?;
                 self.load_bytes(&path.display().to_string(), &bytes)
             }
         }

@@ -8,6 +8,7 @@
 //! changelog after the returned offset -> resume the input at the committed
 //! input position.
 
+pub mod manifest;
 pub mod processor;
 
 use crate::changelog::{Changelog, Record, Replayed};
@@ -18,6 +19,7 @@ use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstanc
 use crate::storage::{Backend, MemoryBackend, RocksBackend};
 use anyhow::{bail, Context, Result};
 use processor::Processor;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +46,13 @@ pub struct RecoveryReport {
     pub replayed_transactions: u64,
     /// Where input processing resumes.
     pub input_position: u64,
+    /// Seconds, in JSON.
+    #[serde(rename = "seconds", serialize_with = "as_seconds")]
     pub elapsed: Duration,
+}
+
+fn as_seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 /// Counters of a run.
@@ -55,6 +63,10 @@ pub struct TaskStats {
     pub commits: u64,
     pub early_commits: u64,
     pub input_bytes: u64,
+    /// At a clean close: the checkpointed offset and the input position
+    /// committed with it.
+    pub closed_at: u64,
+    pub committed_steps: u64,
 }
 
 impl TaskStats {
@@ -77,13 +89,44 @@ pub struct Task {
     processor: Box<dyn Processor>,
     /// Input position after the last processed record.
     input_position: u64,
+    /// CRC32C of the input before `input_position` (file input only), and
+    /// the one the next `end_record` takes on.
+    input_check: Option<u32>,
+    next_input_check: Option<u32>,
     /// Records and time since the last commit.
     pending_records: u64,
     pending_writes: u64,
     last_commit: Instant,
     pub stats: TaskStats,
+    /// Checkpoint after every commit (at-least-once, transactional guest).
+    checkpoint_each_commit: bool,
     // Keeps the storage (and its lock) alive as long as the task.
     _backend: Arc<dyn Backend>,
+    // The state directory's lock, held as long as the task.
+    _lock: std::fs::File,
+}
+
+/// Takes the exclusive lock of `dir` (a `LOCK` file), so that no second
+/// process (any backend, any config sharing the directory) writes there.
+pub fn lock_dir(dir: &Path, what: &str) -> Result<std::fs::File> {
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "{what} {} is in use by another txstore process (it holds {}); stop it first",
+            dir.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }
 
 fn action_name(a: RecoveryAction) -> &'static str {
@@ -109,10 +152,30 @@ impl Task {
     pub fn open(config: &Config, runtime: &Runtime) -> Result<(Self, RecoveryReport)> {
         let started = Instant::now();
         let state_dir = config.state_dir();
-        std::fs::create_dir_all(&state_dir)
-            .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
-        let backend = open_backend(config)?;
+        // A guest that does not load (a misspelt name) creates nothing.
         let guest = runtime.load(&config.guest())?;
+        let existing = state_dir.join("store").exists() || config.changelog_dir().exists();
+        crate::file::attach(&state_dir);
+        crate::file::create_dir_all(&state_dir)
+            .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
+        let lock = lock_dir(&state_dir, "state directory")?;
+        // Another guest or store name would find the data missing or wrong
+        // and recover as if clean: refuse before anything changes.
+        match manifest::check(config, &guest.load.hash, existing)? {
+            manifest::Checked::NewBuild { from, to } => tracing::warn!(
+                "guest {} changed since the store was last opened (sha256 {}.. -> {}..): same strategy, opening",
+                config.store.guest,
+                &from[..12.min(from.len())],
+                &to[..12.min(to.len())]
+            ),
+            manifest::Checked::Adopted => tracing::warn!(
+                "store in {} has no manifest (made by an older txstore): recorded guest {} as its guest",
+                state_dir.display(),
+                config.store.guest
+            ),
+            manifest::Checked::Same | manifest::Checked::Created => {}
+        }
+        let backend = open_backend(config)?;
         let storage = backend.open_store(&config.store.name)?;
         let mut instance = guest.instantiate(storage, &config.store.name, &config.limits)?;
         instance.init(&config.init_options())?;
@@ -127,7 +190,14 @@ impl Task {
             tracing::warn!("{e:#}: ignoring it; recovery treats the stop as unclean");
             None
         });
-        if config.task.guarantee == Guarantee::ExactlyOnce {
+        // A checkpoint after every commit is only a lower bound on what the
+        // store holds, which a transactional guest's recovery can use. A
+        // store that cannot undo writes may also hold uncommitted ones, so
+        // for it (and under exactly-once) a checkpoint must mean "closed
+        // cleanly here": written at clean close only, removed at start.
+        let checkpoint_each_commit =
+            config.task.guarantee == Guarantee::AtLeastOnce && transactional;
+        if !checkpoint_each_commit {
             // From here on, a crash leaves no checkpoint: the next start-up
             // knows the stop was unclean.
             checkpoint.remove()?;
@@ -141,11 +211,15 @@ impl Task {
             changelog: opened.log,
             checkpoint,
             input_position: 0,
+            input_check: None,
+            next_input_check: None,
             pending_records: 0,
             pending_writes: 0,
             last_commit: Instant::now(),
             stats: TaskStats::default(),
+            checkpoint_each_commit,
             _backend: backend,
+            _lock: lock,
         };
         if !transactional && checkpointed.is_none() {
             // Its recovery will wipe the store: make sure the replay that
@@ -180,6 +254,7 @@ impl Task {
             .check_replayable(recovery.offset.unwrap_or(0))?;
         let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
         task.input_position = task.changelog.last_commit().map_or(0, |c| c.input_position);
+        task.input_check = task.changelog.last_commit().and_then(|c| c.input_check);
         let report = RecoveryReport {
             guest: label,
             transactional,
@@ -275,9 +350,22 @@ impl Task {
     /// interval or the uncommitted limit says so.
     pub fn end_record(&mut self, position: u64) -> Result<()> {
         self.input_position = position;
+        self.input_check = self.next_input_check.take().or(self.input_check);
         self.stats.records += 1;
         self.pending_records += 1;
         self.maybe_commit()
+    }
+
+    /// The CRC32C of the input up to the end of the record being
+    /// processed (file input): committed with the position, so that a
+    /// later run can tell whether it is given the same input.
+    pub fn set_next_input_check(&mut self, check: u32) {
+        self.next_input_check = Some(check);
+    }
+
+    /// The input checksum committed with the last transaction, if any.
+    pub fn committed_input_check(&self) -> Option<u32> {
+        self.changelog.last_commit().and_then(|c| c.input_check)
     }
 
     /// The input position of the last committed transaction.
@@ -346,11 +434,11 @@ impl Task {
 
     /// Runs the commit protocol for everything processed so far.
     pub fn commit(&mut self) -> Result<()> {
-        let offset = self.changelog.commit(self.input_position)?;
+        let offset = self.changelog.commit(self.input_position, self.input_check)?;
         crash::step("after-changelog-commit");
         self.instance.commit(offset)?;
         crash::step("after-store-commit");
-        if self.config.task.guarantee == Guarantee::AtLeastOnce {
+        if self.checkpoint_each_commit {
             self.checkpoint.write(offset)?;
             crash::step("after-checkpoint");
         }
@@ -366,8 +454,11 @@ impl Task {
         if self.pending_records > 0 || self.pending_writes > 0 {
             self.commit()?;
         }
-        self.checkpoint.write(self.changelog.end_offset())?;
+        let end = self.changelog.end_offset();
+        self.checkpoint.write(end)?;
         crash::step("after-checkpoint");
+        self.stats.closed_at = end;
+        self.stats.committed_steps = self.committed_input_position();
         Ok(self.stats)
     }
 
