@@ -62,15 +62,18 @@ impl Shared {
     /// many calls were kept (`None` when nothing could be undone).
     fn power_loss(&mut self, seed: Option<u64>) -> (PowerReport, Option<usize>) {
         let n = self.log.len();
-        let report = |summary: String| PowerReport {
+        // `choices` counts what a seed decides: nothing when the undo
+        // cannot be done, since the abort then gives the same result.
+        let report = |summary: String, done: bool| PowerReport {
             summary,
-            choices: n as u64,
+            choices: if done { n as u64 } else { 0 },
         };
         if let Some(why) = &self.untracked {
             return (
-                report(format!(
-                    "storage: {why}; {n} logged write calls left to the abort"
-                )),
+                report(
+                    format!("storage: {why}; {n} logged write calls left to the abort"),
+                    false,
+                ),
                 None,
             );
         }
@@ -113,15 +116,23 @@ impl Shared {
         self.log.clear();
         match result {
             Ok(()) => (
-                report(format!("storage: kept {kept} of {n} unsynced write calls")),
+                report(
+                    format!("storage: kept {kept} of {n} unsynced write calls"),
+                    true,
+                ),
                 Some(kept),
             ),
-            Err(e) => (
-                report(format!(
-                    "storage: undo or sync failed ({e}); {n} unsynced write calls left to the abort"
-                )),
-                None,
-            ),
+            Err(e) => {
+                let e = match e {
+                    StorageError::Io(m) => m,
+                    other => other.to_string(),
+                };
+                let summary = format!(
+                    "storage: undo or sync failed ({e}); \
+                     {n} unsynced write calls left to the abort"
+                );
+                (report(summary, false), None)
+            }
         }
     }
 }
@@ -445,6 +456,29 @@ mod tests {
             assert_eq!(backend.power_loss(Some(1)).0.choices, 0);
         }
         assert!(kept_some, "no seed kept a proper prefix");
+    }
+
+    /// After a failed sync the backend refuses the undo too: nothing is
+    /// undone, the abort decides, and no seed makes a difference.
+    #[test]
+    fn after_a_failed_sync_nothing_is_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let rocks = RocksBackend::open(dir.path()).unwrap();
+        rocks.fail_next_sync();
+        let backend = PowerBackend::new(Box::new(rocks));
+        let mut s = backend.open_store("s").unwrap();
+        let ks = open(&mut *s);
+        s.put(ks[0], b"x", b"1").unwrap();
+        assert!(s.sync().is_err());
+        let (report, kept) = backend.power_loss(Some(3));
+        assert_eq!((report.choices, kept), (0, None));
+        assert!(
+            report
+                .summary
+                .starts_with("storage: undo or sync failed (storage failed earlier"),
+            "{}",
+            report.summary
+        );
     }
 
     /// A sync of one store is a sync of all (RocksDB flushes every column
