@@ -1,9 +1,11 @@
 //! In-memory backend for fast tests: ordered maps behind `Arc`s, so a
 //! cursor keeps the view it was opened on while later writes copy on write.
 //! Nothing survives the process; "durable" means "kept until drop".
+//! Injected faults and the failed-sync rule behave as on RocksDB, so a
+//! guest sees the same errors on either backend.
 
 use super::{
-    check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result,
+    check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op, Result,
     StorageError, StoreStorage,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -22,11 +24,18 @@ struct StoreData {
 #[derive(Default)]
 pub struct MemoryBackend {
     stores: Mutex<HashMap<String, Arc<Mutex<StoreData>>>>,
+    health: Arc<Health>,
 }
 
 impl MemoryBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Test seam: the next sync of any store here fails.
+    #[cfg(test)]
+    pub(crate) fn fail_next_sync(&self) {
+        self.health.fail_next_sync();
     }
 }
 
@@ -43,6 +52,7 @@ impl Backend for MemoryBackend {
         Ok(Box::new(MemoryStore {
             data,
             names: Vec::new(),
+            health: self.health.clone(),
         }))
     }
 
@@ -55,6 +65,7 @@ struct MemoryStore {
     data: Arc<Mutex<StoreData>>,
     /// Keyspace names by `KeyspaceId`.
     names: Vec<String>,
+    health: Arc<Health>,
 }
 
 impl MemoryStore {
@@ -99,6 +110,7 @@ fn apply(map: &mut Map, op: Op) {
 
 impl StoreStorage for MemoryStore {
     fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
+        self.health.check()?;
         check_name(NameKind::Keyspace, name)?;
         self.data
             .lock()
@@ -117,6 +129,7 @@ impl StoreStorage for MemoryStore {
     }
 
     fn keyspaces(&self) -> Result<Vec<String>> {
+        self.health.check()?;
         Ok(self
             .data
             .lock()
@@ -128,6 +141,7 @@ impl StoreStorage for MemoryStore {
     }
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.health.check()?;
         let data = self.data.lock().unwrap();
         Ok(data
             .keyspaces
@@ -136,11 +150,13 @@ impl StoreStorage for MemoryStore {
     }
 
     fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
+        self.health.before_write()?;
         self.edit(ks, |m| m.insert(key.to_vec(), value.to_vec()));
         Ok(())
     }
 
     fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()> {
+        self.health.before_write()?;
         self.edit(ks, |m| m.remove(key));
         Ok(())
     }
@@ -151,6 +167,7 @@ impl StoreStorage for MemoryStore {
         start: Option<&[u8]>,
         end: Option<&[u8]>,
     ) -> Result<Box<dyn Cursor>> {
+        self.health.check()?;
         if let (Some(s), Some(e)) = (start, end) {
             check_range(s, e)?;
         }
@@ -158,11 +175,14 @@ impl StoreStorage for MemoryStore {
             map: self.map(ks),
             next: start.map_or(Bound::Unbounded, |s| Bound::Included(s.to_vec())),
             end: end.map(<[u8]>::to_vec),
+            health: self.health.clone(),
         }))
     }
 
     fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
+        self.health.check()?;
         check_range(start, end)?;
+        self.health.before_write()?;
         self.edit(ks, |m| {
             apply(m, Op::DeleteRange(start.to_vec(), end.to_vec()))
         });
@@ -170,15 +190,18 @@ impl StoreStorage for MemoryStore {
     }
 
     fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
+        self.health.before_write()?;
         self.edit(ks, Map::clear);
         Ok(())
     }
 
     fn is_empty(&self, ks: KeyspaceId) -> Result<bool> {
+        self.health.check()?;
         Ok(self.map(ks).is_empty())
     }
 
-    fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, _sync: bool) -> Result<()> {
+    fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
+        self.health.check()?;
         for (_, ops) in &batch {
             for op in ops {
                 if let Op::DeleteRange(s, e) = op {
@@ -186,17 +209,23 @@ impl StoreStorage for MemoryStore {
                 }
             }
         }
+        self.health.before_write()?;
         for (ks, ops) in batch {
             self.edit(ks, |m| ops.into_iter().for_each(|op| apply(m, op)));
+        }
+        if sync {
+            // Applied, then the "flush" fails: poisoned, as on RocksDB.
+            self.health.sync(true, || Ok(()))?;
         }
         Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {
-        Ok(())
+        self.health.sync(true, || Ok(()))
     }
 
     fn create_snapshot(&mut self, name: &str) -> Result<()> {
+        self.health.check()?;
         check_name(NameKind::Snapshot, name)?;
         let mut data = self.data.lock().unwrap();
         let image = data.keyspaces.clone();
@@ -205,6 +234,7 @@ impl StoreStorage for MemoryStore {
     }
 
     fn restore_snapshot(&mut self, name: &str) -> Result<()> {
+        self.health.check()?;
         check_name(NameKind::Snapshot, name)?;
         let mut data = self.data.lock().unwrap();
         let image = data
@@ -222,12 +252,14 @@ impl StoreStorage for MemoryStore {
     }
 
     fn drop_snapshot(&mut self, name: &str) -> Result<()> {
+        self.health.check()?;
         check_name(NameKind::Snapshot, name)?;
         self.data.lock().unwrap().snapshots.remove(name);
         Ok(())
     }
 
     fn list_snapshots(&self) -> Result<Vec<String>> {
+        self.health.check()?;
         Ok(self
             .data
             .lock()
@@ -243,10 +275,12 @@ struct MemoryCursor {
     map: Arc<Map>,
     next: Bound<Vec<u8>>,
     end: Option<Vec<u8>>,
+    health: Arc<Health>,
 }
 
 impl Cursor for MemoryCursor {
     fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
+        self.health.check()?;
         let end = self
             .end
             .as_ref()

@@ -7,28 +7,58 @@
 //! unsynced data. `atomic_flush` makes every flush (ours in `sync`/`write`
 //! and RocksDB's own when a memtable fills) cut all column families at one
 //! sequence number, which gives the prefix guarantee stated in `mod.rs`.
+//! A clean close flushes (as RocksDB would), except after a failed sync:
+//! then the memtable is dropped, so a `write(sync)` reported as failed
+//! leaves nothing behind.
 
 use super::{
-    check_name, check_range, Backend, Cursor, Entry, KeyspaceId, NameKind, Op, Result,
+    check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op, Result,
     StorageError, StoreStorage,
 };
 use rocksdb::{
     checkpoint::Checkpoint, BoundColumnFamily, FlushOptions, Options, ReadOptions, WriteBatch,
     WriteOptions,
 };
+use std::collections::HashMap;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
 type RawIter = rocksdb::DBRawIteratorWithThreadMode<'static, Db>;
 
+/// The open database; closing it flushes unless a sync failed.
+struct DbHandle {
+    db: Db,
+    health: Arc<Health>,
+}
+
+impl Deref for DbHandle {
+    type Target = Db;
+    fn deref(&self) -> &Db {
+        &self.db
+    }
+}
+
+impl Drop for DbHandle {
+    fn drop(&mut self) {
+        // RocksDB's own close flush is off (`db_options`): it would make
+        // durable the batch of a `write(sync)` whose flush failed, which
+        // the caller was told applied nothing.
+        if self.health.check().is_ok() {
+            let _ = flush_db(&self.db);
+        }
+    }
+}
+
 /// How many bytes a snapshot restore copies per batch.
 const RESTORE_BATCH_BYTES: usize = 4 << 20;
 
 /// A RocksDB database in a state directory, shared by the stores in it.
 pub struct RocksBackend {
-    db: Arc<Db>,
+    db: Arc<DbHandle>,
     dir: PathBuf,
+    health: Arc<Health>,
 }
 
 fn db_options() -> Options {
@@ -37,6 +67,12 @@ fn db_options() -> Options {
     opts.create_missing_column_families(true);
     opts.set_atomic_flush(true);
     opts
+}
+
+/// `db_options` as the database is opened with.
+fn open_options() -> Result<Options> {
+    // See `DbHandle::drop`, which flushes at close instead.
+    Ok(db_options().get_options_from_string("avoid_flush_during_shutdown=true")?)
 }
 
 fn no_wal() -> WriteOptions {
@@ -56,7 +92,7 @@ impl RocksBackend {
             ))
         })?;
         let path = dir.join("db");
-        let opts = db_options();
+        let opts = open_options()?;
         let cfs = if path.join("CURRENT").exists() {
             Db::list_cf(&opts, &path)?
         } else {
@@ -73,7 +109,11 @@ impl RocksBackend {
                 StorageError::Io(format!("cannot open RocksDB in {}: {msg}", path.display()))
             }
         })?;
-        let db = Arc::new(db);
+        let health = Arc::<Health>::default();
+        let db = Arc::new(DbHandle {
+            db,
+            health: health.clone(),
+        });
         let weak = Arc::downgrade(&db);
         crate::crash::on_flush_crash(Box::new(move || {
             if let Some(db) = weak.upgrade() {
@@ -83,7 +123,14 @@ impl RocksBackend {
         Ok(Self {
             db,
             dir: dir.to_path_buf(),
+            health,
         })
+    }
+
+    /// Test seam: the next sync of any store here fails.
+    #[cfg(test)]
+    pub(crate) fn fail_next_sync(&self) {
+        self.health.fail_next_sync();
     }
 }
 
@@ -106,6 +153,7 @@ impl Backend for RocksBackend {
             prefix: format!("{store}:"),
             cfs: Vec::new(),
             snapshots,
+            health: self.health.clone(),
         }))
     }
 
@@ -115,12 +163,13 @@ impl Backend for RocksBackend {
 }
 
 struct RocksStore {
-    db: Arc<Db>,
+    db: Arc<DbHandle>,
     /// `{store}:`, the start of every column family name of this store.
     prefix: String,
     /// Column family names by `KeyspaceId`.
     cfs: Vec<String>,
     snapshots: PathBuf,
+    health: Arc<Health>,
 }
 
 impl RocksStore {
@@ -132,16 +181,29 @@ impl RocksStore {
     }
 
     /// Every column family of the database (flushes must cut them all).
-    fn flush_all(&self) -> Result<()> {
-        flush_db(&self.db)
+    /// `inject`: see [`Health::sync`].
+    fn flush_all(&self, inject: bool) -> Result<()> {
+        self.health.sync(inject, || flush_db(&self.db))
     }
 
     /// Removes every key of `cf` without knowing the key space: one range
-    /// deletion from the empty key to just past the last key.
-    fn clear_cf(&self, batch: &mut WriteBatch, cf: &Arc<BoundColumnFamily<'_>>) {
+    /// deletion from the empty key to just past the last key, where the
+    /// last key is the database's or `pending`, the largest key put earlier
+    /// in the same batch (not in the database yet, but the clear must
+    /// remove it: a batch applies in order).
+    fn clear_cf(
+        &self,
+        batch: &mut WriteBatch,
+        cf: &Arc<BoundColumnFamily<'_>>,
+        pending: Option<&[u8]>,
+    ) {
         let mut it = self.db.raw_iterator_cf(cf);
         it.seek_to_last();
-        if let Some(last) = it.key() {
+        let last = match (it.key(), pending) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(last) = last {
             let mut end = last.to_vec();
             end.push(0);
             batch.delete_range_cf(cf, Vec::new(), end);
@@ -181,17 +243,31 @@ fn sync_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn add_op(batch: &mut WriteBatch, store: &RocksStore, cf: &Arc<BoundColumnFamily<'_>>, op: Op) {
+/// Adds `op` to `batch`. `max_put` is the largest key put so far in this
+/// batch on `cf`, which a later clear must cover.
+fn add_op(
+    batch: &mut WriteBatch,
+    store: &RocksStore,
+    cf: &Arc<BoundColumnFamily<'_>>,
+    max_put: &mut Option<Vec<u8>>,
+    op: Op,
+) {
     match op {
-        Op::Put(k, v) => batch.put_cf(cf, k, v),
+        Op::Put(k, v) => {
+            if max_put.as_ref().is_none_or(|m| *m < k) {
+                *max_put = Some(k.clone());
+            }
+            batch.put_cf(cf, k, v)
+        }
         Op::Delete(k) => batch.delete_cf(cf, k),
         Op::DeleteRange(s, e) => batch.delete_range_cf(cf, s, e),
-        Op::Clear => store.clear_cf(batch, cf),
+        Op::Clear => store.clear_cf(batch, cf, max_put.as_deref()),
     }
 }
 
 impl StoreStorage for RocksStore {
     fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
+        self.health.check()?;
         check_name(NameKind::Keyspace, name)?;
         let full = format!("{}{name}", self.prefix);
         self.ensure_cf(&full)?;
@@ -206,6 +282,7 @@ impl StoreStorage for RocksStore {
     }
 
     fn keyspaces(&self) -> Result<Vec<String>> {
+        self.health.check()?;
         let names = Db::list_cf(&db_options(), self.db.path())?;
         Ok(names
             .iter()
@@ -215,10 +292,12 @@ impl StoreStorage for RocksStore {
     }
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.health.check()?;
         Ok(self.db.get_cf(&self.cf(ks), key)?)
     }
 
     fn get_many(&self, ks: KeyspaceId, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.health.check()?;
         let cf = self.cf(ks);
         self.db
             .batched_multi_get_cf(&cf, keys, false)
@@ -228,10 +307,12 @@ impl StoreStorage for RocksStore {
     }
 
     fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
+        self.health.before_write()?;
         Ok(self.db.put_cf_opt(&self.cf(ks), key, value, &no_wal())?)
     }
 
     fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()> {
+        self.health.before_write()?;
         Ok(self.db.delete_cf_opt(&self.cf(ks), key, &no_wal())?)
     }
 
@@ -241,6 +322,7 @@ impl StoreStorage for RocksStore {
         start: Option<&[u8]>,
         end: Option<&[u8]>,
     ) -> Result<Box<dyn Cursor>> {
+        self.health.check()?;
         if let (Some(s), Some(e)) = (start, end) {
             check_range(s, e)?;
         }
@@ -259,23 +341,28 @@ impl StoreStorage for RocksStore {
         Ok(Box::new(RocksCursor {
             iter,
             _db: self.db.clone(),
+            health: self.health.clone(),
         }))
     }
 
     fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
+        self.health.check()?;
         check_range(start, end)?;
+        self.health.before_write()?;
         Ok(self
             .db
             .delete_range_cf_opt(&self.cf(ks), start, end, &no_wal())?)
     }
 
     fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
+        self.health.before_write()?;
         let mut batch = WriteBatch::default();
-        self.clear_cf(&mut batch, &self.cf(ks));
+        self.clear_cf(&mut batch, &self.cf(ks), None);
         Ok(self.db.write_opt(batch, &no_wal())?)
     }
 
     fn is_empty(&self, ks: KeyspaceId) -> Result<bool> {
+        self.health.check()?;
         let mut it = self.db.raw_iterator_cf(&self.cf(ks));
         it.seek_to_first();
         it.status()?;
@@ -283,28 +370,41 @@ impl StoreStorage for RocksStore {
     }
 
     fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
-        let mut wb = WriteBatch::default();
-        for (ks, ops) in batch {
-            let cf = self.cf(ks);
+        self.health.check()?;
+        for (_, ops) in &batch {
             for op in ops {
-                if let Op::DeleteRange(s, e) = &op {
+                if let Op::DeleteRange(s, e) = op {
                     check_range(s, e)?;
                 }
-                add_op(&mut wb, self, &cf, op);
+            }
+        }
+        self.health.before_write()?;
+        let mut wb = WriteBatch::default();
+        // A keyspace may appear more than once in a batch.
+        let mut max_put: HashMap<KeyspaceId, Option<Vec<u8>>> = HashMap::new();
+        for (ks, ops) in batch {
+            let cf = self.cf(ks);
+            let max_put = max_put.entry(ks).or_default();
+            for op in ops {
+                add_op(&mut wb, self, &cf, max_put, op);
             }
         }
         self.db.write_opt(wb, &no_wal())?;
         if sync {
-            self.flush_all()?;
+            // If this fails the batch is in the memtable but the caller is
+            // told the write failed: `flush_all` poisons the backend, so
+            // nothing reads it and a restart drops it.
+            self.flush_all(true)?;
         }
         Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {
-        self.flush_all()
+        self.flush_all(true)
     }
 
     fn create_snapshot(&mut self, name: &str) -> Result<()> {
+        self.health.check()?;
         check_name(NameKind::Snapshot, name)?;
         std::fs::create_dir_all(&self.snapshots)?;
         let staged = self.snapshots.join(format!("{name}.new"));
@@ -314,11 +414,12 @@ impl StoreStorage for RocksStore {
         // RocksDB builds the checkpoint under a temporary name and renames
         // it when complete, so `{name}.new` existing means it is whole; the
         // swap below is finished by `settle_snapshots` after a crash.
-        Checkpoint::new(&*self.db)?.create_checkpoint(&staged)?;
+        Checkpoint::new(&self.db.db)?.create_checkpoint(&staged)?;
         self.settle_snapshots()
     }
 
     fn restore_snapshot(&mut self, name: &str) -> Result<()> {
+        self.health.check()?;
         check_name(NameKind::Snapshot, name)?;
         self.settle_snapshots()?;
         let path = self.snapshots.join(name);
@@ -336,7 +437,7 @@ impl StoreStorage for RocksStore {
             self.ensure_cf(full)?;
             let cf = self.db.cf_handle(full).unwrap();
             let mut batch = WriteBatch::default();
-            self.clear_cf(&mut batch, &cf);
+            self.clear_cf(&mut batch, &cf, None);
             if let Some(scf) = snap.cf_handle(full) {
                 let mut it = snap.raw_iterator_cf(&scf);
                 it.seek_to_first();
@@ -351,10 +452,11 @@ impl StoreStorage for RocksStore {
             }
             self.db.write_opt(batch, &no_wal())?;
         }
-        self.flush_all()
+        self.flush_all(false)
     }
 
     fn drop_snapshot(&mut self, name: &str) -> Result<()> {
+        self.health.check()?;
         check_name(NameKind::Snapshot, name)?;
         self.settle_snapshots()?;
         let path = self.snapshots.join(name);
@@ -366,6 +468,7 @@ impl StoreStorage for RocksStore {
     }
 
     fn list_snapshots(&self) -> Result<Vec<String>> {
+        self.health.check()?;
         self.settle_snapshots()?;
         let Ok(entries) = std::fs::read_dir(&self.snapshots) else {
             return Ok(Vec::new());
@@ -381,11 +484,13 @@ impl StoreStorage for RocksStore {
 
 struct RocksCursor {
     iter: RawIter,
-    _db: Arc<Db>,
+    _db: Arc<DbHandle>,
+    health: Arc<Health>,
 }
 
 impl Cursor for RocksCursor {
     fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
+        self.health.check()?;
         let mut out = Vec::new();
         while out.len() < max.min(super::MAX_CURSOR_BATCH) {
             match (self.iter.key(), self.iter.value()) {

@@ -16,7 +16,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{BackendKind, Config, Guarantee};
 use crate::crash;
 use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstance, WitEntry};
-use crate::storage::{Backend, MemoryBackend, RocksBackend};
+use crate::storage::{Backend, MemoryBackend, PowerBackend, RocksBackend};
 use anyhow::{bail, Context, Result};
 use processor::Processor;
 use std::path::Path;
@@ -142,7 +142,16 @@ fn action_name(a: RecoveryAction) -> &'static str {
 /// Opens the storage backend a config names.
 pub fn open_backend(config: &Config) -> Result<Arc<dyn Backend>> {
     Ok(match config.store.backend {
-        BackendKind::Rocksdb => Arc::new(RocksBackend::open(&config.state_dir().join("store"))?),
+        BackendKind::Rocksdb => {
+            let rocks = RocksBackend::open(&config.state_dir().join("store"))?;
+            // Logging undo information costs a read per write: only when a
+            // simulated power loss may need it.
+            if crate::crash::power_armed() {
+                Arc::new(PowerBackend::new(Box::new(rocks)))
+            } else {
+                Arc::new(rocks)
+            }
+        }
         BackendKind::Memory => Arc::new(MemoryBackend::new()),
     })
 }
