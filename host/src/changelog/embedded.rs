@@ -710,6 +710,7 @@ mod tests {
         assert_eq!(log.report.truncated_bytes as usize, bytes.len() - committed);
         assert!(log.report.damage.is_empty(), "{:?}", log.report.damage);
         log.check_replayable(0).unwrap();
+        drop(log);
         assert_eq!(read_all(dir.path()).unwrap().1.len(), 9);
     }
 

@@ -416,7 +416,9 @@ mod tests {
         new[10] = 3;
         for seed in 0..32 {
             let (out, choices) = torn(&old, Some(&new), Some(&mut Rng::new(seed)));
-            assert_eq!(choices, 4, "length, page 0, pages 2 and 3");
+            // The length, page 0, and pages 2 and 3 when the new length is kept.
+            let want = if out.len() == new.len() { 4 } else { 2 };
+            assert_eq!(choices, want, "seed {seed}");
             assert!(out.len() == old.len() || out.len() == new.len());
             for (i, page) in out.chunks(PAGE).enumerate() {
                 let o = old.get(i * PAGE..(i + 1) * PAGE);
