@@ -184,6 +184,7 @@ fn segment(config: &Path) -> PathBuf {
     let mut segs: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
         .collect();
     segs.sort();
     segs.pop().unwrap()

@@ -10,10 +10,13 @@
 //!
 //! At open, the active segment is scanned: everything after its last
 //! commit (a torn write, or a transaction a crash left open) is the tail
-//! and is truncated with a warning naming the bytes. In the active segment
-//! a frame found after damage is never accepted, since after a torn write
-//! the bytes that follow may be a frame-shaped piece of a record's value;
-//! frames must also carry consecutive offsets. Then the segment is fsynced
+//! and is truncated with a warning naming the bytes. Since every commit is
+//! fsynced, a power cut can tear only the last transaction and the open
+//! one: damage in the active segment that fewer than two commit frames
+//! follow is a torn tail, and no frame after it is accepted (after a torn
+//! write the bytes that follow may be a frame-shaped piece of a record's
+//! value); damage that two commits follow is media damage, kept and
+//! reported as below. Frames must carry consecutive offsets. Then the segment is fsynced
 //! before anything depends on it: a process that died inside `commit`'s
 //! fdatasync leaves a commit frame that only the page cache holds, and a
 //! store committed from it would be ahead of the log after a power cut.
@@ -280,7 +283,12 @@ fn scan(path: &Path, base: u64, tail: bool, damage: &mut Vec<Damage>) -> Result<
                 }
                 pos += n;
             }
-            None if tail => break,
+            // A power cut tears only what no fsync covered: the last
+            // transaction (its commit never acknowledged) and the open one.
+            // Damage that two commits follow was fsynced, so it is media
+            // damage, kept and reported like damage in a sealed segment;
+            // anything else in the active segment is a torn tail.
+            None if tail && commits_after(&buf, pos) < 2 => break,
             None => match resync(&buf, pos + 1) {
                 Some(next) => {
                     expect = None;
@@ -302,6 +310,22 @@ fn scan(path: &Path, base: u64, tail: bool, damage: &mut Vec<Damage>) -> Result<
         }
     }
     Ok(out)
+}
+
+/// How many commit frames follow damage at `pos` (resyncing past more).
+fn commits_after(buf: &[u8], pos: usize) -> usize {
+    let mut commits = 0;
+    let mut at = resync(buf, pos + 1);
+    while let Some(p) = at {
+        match decode(buf, p) {
+            Some((frame, n)) => {
+                commits += usize::from(frame.kind == KIND_COMMIT);
+                at = Some(p + n);
+            }
+            None => at = resync(buf, p + 1),
+        }
+    }
+    commits
 }
 
 /// Finds the next position after `from` where a valid frame starts.
