@@ -14,8 +14,9 @@
 //! its durable entries (unsynced creates, renames and removes undone), and
 //! every file to its durable content. With a seed, it also chooses what
 //! the hardware may have kept besides: the file's new length or its old
-//! one, and for each 4 KiB page written since the fsync its new content,
-//! its old content or zeros (a torn, reordered write). Directory
+//! one, and for each 4 KiB page written since the fsync its new content or
+//! its old one (the durable bytes, zeros past them): a torn, reordered
+//! write. Bytes an fsync covered are never lost. Directory
 //! operations are always undone (no seed keeps an unsynced rename).
 //!
 //! What is assumed: the disk honours fsync; a page is written whole or
@@ -301,11 +302,9 @@ fn torn(durable: &[u8], current: Option<&[u8]>, rng: Option<&mut Rng>) -> (Vec<u
             continue;
         }
         choices += 1;
-        let pick = match rng.below(3) {
-            0 => new,
-            1 => old,
-            _ => &[],
-        };
+        // New content, or old: the durable bytes, zeros past them. Never
+        // zeros over durable bytes: what an fsync covered stays.
+        let pick = if rng.chance(50) { new } else { old };
         page[..pick.len()].copy_from_slice(pick);
     }
     (out, choices)
