@@ -121,7 +121,10 @@ impl std::str::FromStr for Armed {
 
     fn from_str(s: &str) -> Result<Self, String> {
         if let Some(p) = s.strip_suffix("+flush") {
-            return Ok(Armed { point: p.parse()?, mode: Mode::Flush });
+            return Ok(Armed {
+                point: p.parse()?,
+                mode: Mode::Flush,
+            });
         }
         if let Some((p, power)) = s.split_once("+power") {
             let seed = match power.strip_prefix(':') {
@@ -131,9 +134,15 @@ impl std::str::FromStr for Armed {
                 })?),
                 None => return Err(format!("crash point `{s}`: expected +power or +power:SEED")),
             };
-            return Ok(Armed { point: p.parse()?, mode: Mode::Power(seed) });
+            return Ok(Armed {
+                point: p.parse()?,
+                mode: Mode::Power(seed),
+            });
         }
-        Ok(Armed { point: s.parse()?, mode: Mode::Lossy })
+        Ok(Armed {
+            point: s.parse()?,
+            mode: Mode::Lossy,
+        })
     }
 }
 
@@ -225,7 +234,13 @@ fn armed() -> Option<&'static CrashPoint> {
 }
 
 fn crash(point: &CrashPoint) -> ! {
-    if let Some(armed @ Armed { mode: Mode::Power(seed), .. }) = ARMED.get().and_then(Option::as_ref) {
+    if let Some(
+        armed @ Armed {
+            mode: Mode::Power(seed),
+            ..
+        },
+    ) = ARMED.get().and_then(Option::as_ref)
+    {
         power_loss(&armed.to_string(), *seed);
     }
     let hooks = FLUSH_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
@@ -336,10 +351,18 @@ mod tests {
         ] {
             assert_eq!(s.parse::<CrashPoint>().unwrap().to_string(), s);
         }
-        for s in ["after-write+flush", "commit-call:3+power", "during-restore@2+power:17"] {
+        for s in [
+            "after-write+flush",
+            "commit-call:3+power",
+            "during-restore@2+power:17",
+        ] {
             assert_eq!(s.parse::<Armed>().unwrap().to_string(), s);
         }
-        for bad in ["after-write+power:", "after-write+power:x", "after-write+powerx"] {
+        for bad in [
+            "after-write+power:",
+            "after-write+power:x",
+            "after-write+powerx",
+        ] {
             assert!(bad.parse::<Armed>().is_err(), "{bad} accepted");
         }
         for bad in [

@@ -10,7 +10,11 @@
 //! Without the feature [`active`] is `false` and compiles away.
 
 /// Every mutant there is.
-pub const NAMES: &[&str] = &["changelog-no-sync", "checkpoint-no-dirsync", "truncate-no-sync"];
+pub const NAMES: &[&str] = &[
+    "changelog-no-sync",
+    "checkpoint-no-dirsync",
+    "truncate-no-sync",
+];
 
 /// Whether mutant `name` is on in this process.
 #[cfg(feature = "mutants")]

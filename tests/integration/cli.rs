@@ -201,10 +201,16 @@ fn output_is_faithful_utf8_base64_and_pipe_safe() {
     ok(&txstore(&["put", "café", "naïve", "--config", c]));
     assert_eq!(ok(&txstore(&["get", "café", "--config", c])), "naïve\n");
 
-    let json = ok(&txstore(&["scan", "--config", c, "--format", "json", "--to", "d"]));
+    let json = ok(&txstore(&[
+        "scan", "--config", c, "--format", "json", "--to", "d",
+    ]));
     let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
     let key = base64::engine::general_purpose::STANDARD
-        .decode(rows[0]["key_base64"].as_str().expect("binary key as base64"))
+        .decode(
+            rows[0]["key_base64"]
+                .as_str()
+                .expect("binary key as base64"),
+        )
         .unwrap();
     assert_eq!(key, b"bin\xff\x00key");
     assert_eq!(rows[0]["value"], "v\\1");
@@ -214,17 +220,36 @@ fn output_is_faithful_utf8_base64_and_pipe_safe() {
     assert_eq!(tsv, "bin\\xff\0key\tv\\\\1\ncafé\tnaïve\n");
     let count = ok(&txstore(&["scan", "--config", c, "--count"]));
     assert_eq!(count, "20002\n");
-    let keys = ok(&txstore(&["scan", "--config", c, "--from", "k", "--limit", "2", "--keys-only"]));
+    let keys = ok(&txstore(&[
+        "scan",
+        "--config",
+        c,
+        "--from",
+        "k",
+        "--limit",
+        "2",
+        "--keys-only",
+    ]));
     assert_eq!(keys, "k00000\nk00001\n");
 
     let piped = std::process::Command::new("sh")
         .arg("-c")
-        .arg(format!("'{}' scan --config '{c}' | head -n 1", crate::common::bin()))
+        .arg(format!(
+            "'{}' scan --config '{c}' | head -n 1",
+            crate::common::bin()
+        ))
         .env("XDG_CACHE_HOME", crate::common::cache_dir())
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&piped.stdout), "bin\\xff\0key\tv\\\\1\n");
-    assert!(piped.stderr.is_empty(), "{}", String::from_utf8_lossy(&piped.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&piped.stdout),
+        "bin\\xff\0key\tv\\\\1\n"
+    );
+    assert!(
+        piped.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
 }
 
 /// A store remembers which guest and store name made it: another guest
@@ -236,16 +261,35 @@ fn another_guest_or_store_name_is_refused() {
     let config = write_config(dir.path(), "buffered", "");
     let c = config.to_str().unwrap();
     ok(&txstore(&["put", "k", "v", "--config", c]));
-    std::fs::write(&config, "[store]\nguest = \"roll-back\"\nstate_dir = \"state\"\n").unwrap();
+    std::fs::write(
+        &config,
+        "[store]\nguest = \"roll-back\"\nstate_dir = \"state\"\n",
+    )
+    .unwrap();
     let out = txstore(&["get", "k", "--config", c]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("made by guest `buffered`, not `roll-back`"), "{err}");
-    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
-    std::fs::write(&config, "[store]\nguest = \"buffered\"\nname = \"other\"\nstate_dir = \"state\"\n").unwrap();
+    assert!(
+        err.contains("made by guest `buffered`, not `roll-back`"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{err}"
+    );
+    std::fs::write(
+        &config,
+        "[store]\nguest = \"buffered\"\nname = \"other\"\nstate_dir = \"state\"\n",
+    )
+    .unwrap();
     let err = stderr(&txstore(&["get", "k", "--config", c]));
     assert!(err.contains("holds store `store`, not `other`"), "{err}");
-    std::fs::write(&config, "[store]\nguest = \"buffered\"\nstate_dir = \"state\"\n").unwrap();
+    std::fs::write(
+        &config,
+        "[store]\nguest = \"buffered\"\nstate_dir = \"state\"\n",
+    )
+    .unwrap();
     assert_eq!(ok(&txstore(&["get", "k", "--config", c])), "v\n");
 }
 
@@ -257,8 +301,14 @@ fn a_misspelt_guest_lists_the_builtins_and_creates_nothing() {
     let out = txstore(&["get", "k", "--config", config.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("buffered, ") || err.contains(", buffered"), "{err}");
-    assert!(!dir.path().join("state").exists(), "a state directory was created");
+    assert!(
+        err.contains("buffered, ") || err.contains(", buffered"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("state").exists(),
+        "a state directory was created"
+    );
 }
 
 /// The committed input position carries a checksum of the input before
@@ -284,7 +334,11 @@ fn another_input_is_refused_and_a_grown_one_resumes_exactly() {
     let config = word_count_config(dir.path(), "buffered", "exactly-once");
     let c = config.to_str().unwrap();
     let out = txstore(&["run", "--config", c]);
-    assert!(stderr(&out).contains("without a newline"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("without a newline"),
+        "{}",
+        stderr(&out)
+    );
     ok(&out);
 
     let other = dir.path().join("other.txt");
@@ -294,8 +348,15 @@ fn another_input_is_refused_and_a_grown_one_resumes_exactly() {
     let out = txstore(&["run", "--config", c, "--input", other.to_str().unwrap()]);
     assert!(!out.status.success(), "another input was accepted");
     let err = stderr(&out);
-    assert!(err.contains("is not the input this store consumed"), "{err}");
-    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
+    assert!(
+        err.contains("is not the input this store consumed"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{err}"
+    );
 
     // The same file grown: the half line completed, 999 more lines.
     let mut grown = first.clone();

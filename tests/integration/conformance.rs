@@ -6,11 +6,28 @@ use crate::common::{planted, stderr, stdout, txstore};
 
 /// A bounded run for CI: a short workload, a few points per step, every
 /// crash mode with one power seed, and the I/O error pass.
-const QUICK: &[&str] = &["--ops", "80", "--seeds", "1", "--max-points", "12", "--power-seeds", "1"];
+const QUICK: &[&str] = &[
+    "--ops",
+    "80",
+    "--seeds",
+    "1",
+    "--max-points",
+    "12",
+    "--power-seeds",
+    "1",
+];
 
 /// The planted bugs are in guest logic: the process-crash modes find them.
 const QUICK_GUEST_BUGS: &[&str] = &[
-    "--ops", "80", "--seeds", "1", "--max-points", "12", "--modes", "lossy,+flush", "--no-io-errors",
+    "--ops",
+    "80",
+    "--seeds",
+    "1",
+    "--max-points",
+    "12",
+    "--modes",
+    "lossy,+flush",
+    "--no-io-errors",
 ];
 
 /// Runs the suite; returns (success, report JSON, text output).
@@ -38,13 +55,20 @@ fn every_builtin_guest_passes() {
         assert_eq!(g["failures"].as_array().unwrap().len(), 0, "{text}");
         // Every mode was explored, and the I/O error pass ran.
         for mode in ["lossy", "+flush", "power"] {
-            assert!(g["crash_points_by_mode"][mode].as_u64().unwrap() > 0, "{mode}\n{text}");
+            assert!(
+                g["crash_points_by_mode"][mode].as_u64().unwrap() > 0,
+                "{mode}\n{text}"
+            );
         }
         let rows = g["rows"].as_array().unwrap();
-        let io = rows.iter().find(|r| r["check"] == "injected I/O error").expect("I/O error row");
+        let io = rows
+            .iter()
+            .find(|r| r["check"] == "injected I/O error")
+            .expect("I/O error row");
         assert!(io["cases"].as_u64().unwrap() > 5, "{text}");
         assert!(
-            rows.iter().any(|r| r["mode"] == "power" && r["check"] == "crash after restart"),
+            rows.iter()
+                .any(|r| r["mode"] == "power" && r["check"] == "crash after restart"),
             "{text}"
         );
         assert!(

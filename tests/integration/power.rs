@@ -20,7 +20,12 @@ fn run(config: &Path, env: &[(&str, &str)]) -> std::process::Output {
 #[track_caller]
 fn crash(config: &Path, point: &str) {
     let out = run(config, &[("TXSTORE_CRASH_AT", point)]);
-    assert_eq!(out.status.signal(), Some(6), "expected an abort at {point}: {}", stderr(&out));
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "expected an abort at {point}: {}",
+        stderr(&out)
+    );
 }
 
 /// A process that dies inside the changelog's fsync leaves its commit
@@ -70,10 +75,18 @@ fn word_count_is_exact_after_power_cuts_at_every_step() {
             for p in points {
                 let out = run(&config, &[("TXSTORE_CRASH_AT", p)]);
                 // `after-close` is reached only by a run that finishes.
-                assert!(out.status.signal() == Some(6), "{guest} {p}: {}", stderr(&out));
+                assert!(
+                    out.status.signal() == Some(6),
+                    "{guest} {p}: {}",
+                    stderr(&out)
+                );
             }
             ok(&run(&config, &[]));
-            assert_eq!(shell_count(&input), store_counts(&config), "{guest} {points:?}");
+            assert_eq!(
+                shell_count(&input),
+                store_counts(&config),
+                "{guest} {points:?}"
+            );
         }
     }
 }
@@ -112,7 +125,11 @@ fn io_errors_stop_with_one_line_and_the_next_start_recovers() {
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{guest} {spec}: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-        assert_eq!(lines.len(), 1, "{guest} {spec}: one error line expected:\n{err}");
+        assert_eq!(
+            lines.len(),
+            1,
+            "{guest} {spec}: one error line expected:\n{err}"
+        );
         assert!(lines[0].contains(says), "{guest} {spec}: {}", lines[0]);
         ok(&run(&config, &[]));
         assert_eq!(shell_count(&input), store_counts(&config), "{guest} {spec}");
@@ -134,18 +151,38 @@ fn host_mutants_are_caught_by_power_loss_only() {
         let run = |modes: &str| {
             let out = txstore_env(
                 &[
-                    "conformance", "wipe-on-crash", "--ops", "60", "--seeds", "0", "--max-points", "6",
-                    "--power-seeds", "0", "--no-io-errors", "--modes", modes,
+                    "conformance",
+                    "wipe-on-crash",
+                    "--ops",
+                    "60",
+                    "--seeds",
+                    "0",
+                    "--max-points",
+                    "6",
+                    "--power-seeds",
+                    "0",
+                    "--no-io-errors",
+                    "--modes",
+                    modes,
                 ],
                 &[("TXSTORE_MUTANT", mutant)],
             );
-            (out.status.success(), format!("{}{}", stdout(&out), stderr(&out)))
+            (
+                out.status.success(),
+                format!("{}{}", stdout(&out), stderr(&out)),
+            )
         };
         let (ok_lossy, text) = run("lossy");
-        assert!(ok_lossy, "{mutant}: the lossy mode must not see it:\n{text}");
+        assert!(
+            ok_lossy,
+            "{mutant}: the lossy mode must not see it:\n{text}"
+        );
         let (ok_power, text) = run("power");
         assert!(!ok_power, "{mutant}: the power mode accepted it:\n{text}");
-        assert!(text.contains(property), "{mutant}: no failure names `{property}`:\n{text}");
+        assert!(
+            text.contains(property),
+            "{mutant}: no failure names `{property}`:\n{text}"
+        );
     }
 }
 

@@ -40,8 +40,8 @@
 //! a replay reads them, which still happens before anything changes.
 
 use super::{Changelog, CommitInfo, Record, Replayed};
-use anyhow::{bail, Context, Result};
 use crate::file::{self, File};
+use anyhow::{bail, Context, Result};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -168,7 +168,6 @@ fn decode_record(payload: &[u8]) -> Result<Record> {
     }
 }
 
-
 fn segment_path(dir: &Path, first_offset: u64) -> PathBuf {
     dir.join(format!("{first_offset:020}.log"))
 }
@@ -211,7 +210,10 @@ fn decode_commit(payload: &[u8]) -> Option<(u64, Option<u32>)> {
     let position = u64::from_le_bytes(payload.get(0..8)?.try_into().ok()?);
     match payload.len() {
         8 => Some((position, None)),
-        12 => Some((position, Some(u32::from_le_bytes(payload[8..12].try_into().ok()?)))),
+        12 => Some((
+            position,
+            Some(u32::from_le_bytes(payload[8..12].try_into().ok()?)),
+        )),
         _ => None,
     }
 }
@@ -510,7 +512,8 @@ impl EmbeddedLog {
     }
 
     fn commit_frame(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
-        let marker = self.write_frame(KIND_COMMIT, &[&encode_commit(input_position, input_check)])?;
+        let marker =
+            self.write_frame(KIND_COMMIT, &[&encode_commit(input_position, input_check)])?;
         self.writer.flush()?;
         crate::crash::step("before-changelog-sync");
         if !crate::mutants::active("changelog-no-sync") {
@@ -542,7 +545,6 @@ impl EmbeddedLog {
             .map_or(self.segments.last().unwrap().0, |c| c.offset);
         Ok(())
     }
-
 
     /// Runs `op`; a failure poisons the log (see the module documentation).
     fn guarded<T>(&mut self, op: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
@@ -722,7 +724,8 @@ mod tests {
         {
             let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
             for i in 0..40u8 {
-                log.append(&[Record::Put(vec![b'x', i], vec![i; 300])]).unwrap();
+                log.append(&[Record::Put(vec![b'x', i], vec![i; 300])])
+                    .unwrap();
             }
             log.writer.flush().unwrap();
         }
@@ -752,7 +755,8 @@ mod tests {
         encode(&mut forged, KIND_COMMIT, 9, &[&999u64.to_le_bytes()]);
         {
             let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
-            log.append(&[Record::Put(b"kv".to_vec(), forged.clone())]).unwrap();
+            log.append(&[Record::Put(b"kv".to_vec(), forged.clone())])
+                .unwrap();
             log.writer.flush().unwrap();
         }
         // Tear the data frame's header: the forged frame follows the damage.
@@ -760,7 +764,11 @@ mod tests {
         bytes[committed + 5] ^= 0xff;
         std::fs::write(&seg, &bytes).unwrap();
         let log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
-        assert_eq!(log.last_commit().unwrap().input_position, 2, "forged commit accepted");
+        assert_eq!(
+            log.last_commit().unwrap().input_position,
+            2,
+            "forged commit accepted"
+        );
         assert_eq!(log.end_offset(), 8);
     }
 
@@ -771,9 +779,16 @@ mod tests {
     fn a_second_writer_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut first = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
-        first.append(&[Record::Put(b"a".to_vec(), b"1".to_vec())]).unwrap();
-        let err = EmbeddedLog::open(dir.path(), 1 << 30).err().expect("second writer accepted");
-        assert!(format!("{err:#}").contains("in use by another txstore process"), "{err:#}");
+        first
+            .append(&[Record::Put(b"a".to_vec(), b"1".to_vec())])
+            .unwrap();
+        let err = EmbeddedLog::open(dir.path(), 1 << 30)
+            .err()
+            .expect("second writer accepted");
+        assert!(
+            format!("{err:#}").contains("in use by another txstore process"),
+            "{err:#}"
+        );
         first.commit(1, None).unwrap();
         drop(first);
         assert_eq!(read_all(dir.path()).unwrap().1, vec!["a".to_string()]);
@@ -787,7 +802,8 @@ mod tests {
         {
             let mut log = EmbeddedLog::open(dir.path(), 200).unwrap();
             for t in 0..12u64 {
-                log.append(&[Record::Put(format!("k{t}").into_bytes(), vec![7; 100])]).unwrap();
+                log.append(&[Record::Put(format!("k{t}").into_bytes(), vec![7; 100])])
+                    .unwrap();
                 log.commit(t + 1, None).unwrap();
             }
         }
@@ -799,13 +815,21 @@ mod tests {
         assert!(segments.len() >= 4, "{segments:?}");
         let middle = dir.path().join("middle");
         std::fs::rename(&segments[2], &middle).unwrap();
-        let err = EmbeddedLog::open(dir.path(), 200).err().expect("gap accepted");
-        assert!(format!("{err:#}").contains("segments are missing"), "{err:#}");
+        let err = EmbeddedLog::open(dir.path(), 200)
+            .err()
+            .expect("gap accepted");
+        assert!(
+            format!("{err:#}").contains("segments are missing"),
+            "{err:#}"
+        );
         std::fs::rename(&middle, &segments[2]).unwrap();
         std::fs::remove_file(&segments[0]).unwrap();
         let mut log = EmbeddedLog::open(dir.path(), 200).unwrap();
         let err = log.check_replayable(0).unwrap_err();
-        assert!(format!("{err:#}").contains("earlier segments are missing"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("earlier segments are missing"),
+            "{err:#}"
+        );
     }
 
     /// After a failed write the log refuses every later call.
@@ -815,7 +839,10 @@ mod tests {
         let mut log = EmbeddedLog::open(dir.path(), 1 << 30).unwrap();
         log.failed = Some("fsync of x: input/output error".into());
         let err = log.commit(1, None).unwrap_err();
-        assert!(format!("{err:#}").contains("changelog failed earlier"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("changelog failed earlier"),
+            "{err:#}"
+        );
         assert!(log.append(&[Record::Delete(b"a".to_vec())]).is_err());
     }
 

@@ -84,7 +84,9 @@ fn json_member(obj: &mut serde_json::Map<String, serde_json::Value>, name: &str,
         Ok(s) => obj.insert(name.into(), s.into()),
         Err(_) => obj.insert(
             format!("{name}_base64"),
-            base64::engine::general_purpose::STANDARD.encode(bytes).into(),
+            base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into(),
         ),
     };
 }

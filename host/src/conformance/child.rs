@@ -67,7 +67,10 @@ pub struct Violation {
 
 /// Whether `v` is an error the host reported rather than a broken promise.
 pub fn is_error(v: &Violation) -> bool {
-    matches!(v.property, "no guest errors" | "recovery follows the contract")
+    matches!(
+        v.property,
+        "no guest errors" | "recovery follows the contract"
+    )
 }
 
 fn violation(property: &'static str, detail: impl Into<String>) -> Violation {
@@ -160,17 +163,19 @@ fn diff(got: &[(Vec<u8>, Vec<u8>)], want: &[(Vec<u8>, Vec<u8>)]) -> Option<Strin
 
 /// Runs `steps` on the store in `dir` from wherever its changelog says it
 /// stands. Returns what it saw, or the first violation.
-pub fn run(
-    runtime: &Runtime,
-    config: &Config,
-    steps: &[Step],
-) -> Result<Summary, Violation> {
+pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary, Violation> {
     let dir = &config.state_dir();
     let acked = read_acked(dir);
     // The first start after a clean shutdown checks its checkpoint; a start
     // that crashes after reading it has consumed it, so clear it first.
     if acked.closed_at.is_some() {
-        write_acked(dir, &Acked { steps: acked.steps, closed_at: None });
+        write_acked(
+            dir,
+            &Acked {
+                steps: acked.steps,
+                closed_at: None,
+            },
+        );
     }
     let (mut task, report) = Task::open(config, runtime)
         .map_err(|e| violation("recovery follows the contract", format!("{e:#}")))?;
@@ -197,7 +202,13 @@ pub fn run(
             ));
         }
     }
-    write_acked(dir, &Acked { steps: done, closed_at: None });
+    write_acked(
+        dir,
+        &Acked {
+            steps: done,
+            closed_at: None,
+        },
+    );
     if done > steps.len() {
         return Err(violation(
             "committed state",
@@ -240,7 +251,10 @@ pub fn run(
         .map_err(|e| violation("no guest errors", format!("close: {e:#}")))?;
     write_acked(
         dir,
-        &Acked { steps: stats.committed_steps as usize, closed_at: Some(stats.closed_at) },
+        &Acked {
+            steps: stats.committed_steps as usize,
+            closed_at: Some(stats.closed_at),
+        },
     );
     crash::step("after-close");
     let (commit_calls, _) = crash::call_counts();
@@ -324,7 +338,13 @@ fn execute(
         if now != committed_at {
             committed_at = now;
             committed = workload::model_at(steps, now);
-            write_acked(dir, &Acked { steps: now, closed_at: None });
+            write_acked(
+                dir,
+                &Acked {
+                    steps: now,
+                    closed_at: None,
+                },
+            );
         }
         if now == i + 1 && matches!(step, Step::Commit) {
             let left = task

@@ -197,10 +197,15 @@ enum Outcome {
     Finished(child::Summary),
     /// Aborted at its crash point; `choices` is how many things a power
     /// loss there could have kept (0: every seed gives the same state).
-    Crashed { choices: u64 },
+    Crashed {
+        choices: u64,
+    },
     /// Stopped on the injected I/O error, with its error line.
     Stopped(String),
-    Violation { property: String, detail: String },
+    Violation {
+        property: String,
+        detail: String,
+    },
 }
 
 /// How a child is run.
@@ -238,7 +243,11 @@ fn spawn(
     ])
     .arg(dir)
     .args(["--guarantee", &env.guarantee.to_string()])
-    .args(env.guest_options.iter().flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]))
+    .args(
+        env.guest_options
+            .iter()
+            .flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]),
+    )
     .env_remove(crate::crash::ENV)
     .env_remove(crate::fault::ENV)
     .env_remove(crate::file::power::ENV);
@@ -268,7 +277,9 @@ fn spawn(
     let stdout = String::from_utf8_lossy(&out.stdout);
     if out.status.code() == Some(child::STOPPED_EXIT) {
         let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_default();
-        return Ok(Outcome::Stopped(v["stopped"].as_str().unwrap_or("?").to_string()));
+        return Ok(Outcome::Stopped(
+            v["stopped"].as_str().unwrap_or("?").to_string(),
+        ));
     }
     if env.io_error.is_some() && out.status.success() && stderr.contains("txstore: injecting") {
         return Ok(Outcome::Violation {
@@ -441,7 +452,10 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
     };
     if let Some(spec) = &case.io_error {
         when = format!(" (after an injected {spec} error)");
-        let io_env = Env { io_error: Some(spec.as_str()), ..env };
+        let io_env = Env {
+            io_error: Some(spec.as_str()),
+            ..env
+        };
         match spawn(&case.guest, &state, case.seed, case.ops, None, io_env)? {
             Outcome::Stopped(line) if line.contains('\n') => {
                 result.failure = Some(fail(
@@ -482,9 +496,14 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
         // Learn which crash points this state's recovery reaches.
         let probe = tempfile::tempdir()?;
         copy_state(&state, &probe.path().join("state"))?;
-        if let Outcome::Finished(s) =
-            spawn(&case.guest, &probe.path().join("state"), case.seed, case.ops, None, env)?
-        {
+        if let Outcome::Finished(s) = spawn(
+            &case.guest,
+            &probe.path().join("state"),
+            case.seed,
+            case.ops,
+            None,
+            env,
+        )? {
             result.second_points = (1..=s.recover_calls)
                 .map(|m| format!("recover-call:{m}"))
                 .collect();
@@ -569,7 +588,11 @@ fn first_points(s: &child::Summary, max: usize, modes: &[String]) -> Vec<(String
     let mut points = Vec::new();
     for (mode, suffix) in [("lossy", ""), ("+flush", "+flush"), ("power", "+power")] {
         if modes.iter().any(|m| m == mode) {
-            points.extend(lossy.iter().map(|(p, check)| (format!("{p}{suffix}"), *check)));
+            points.extend(
+                lossy
+                    .iter()
+                    .map(|(p, check)| (format!("{p}{suffix}"), *check)),
+            );
         }
     }
     points
@@ -696,7 +719,11 @@ pub fn check_guest(
     // Contract checks, in process.
     let started = Instant::now();
     let component = runtime.load(&GuestSource::parse(guest))?;
-    let mut contract_row = Row { check: CHECKS[0], mode: "-", ..Row::default() };
+    let mut contract_row = Row {
+        check: CHECKS[0],
+        mode: "-",
+        ..Row::default()
+    };
     for (property, check) in contract::CHECKS {
         contract_row.cases += 1;
         let outcome = contract::Fixture::new(&component).and_then(|mut f| check(&mut f));
@@ -763,7 +790,10 @@ pub fn check_guest(
                 let mut rng = workload::Rng::new(r.case.seed);
                 for _ in 0..opts.random_points.min(points.len()) {
                     let (p, _) = &points[rng.below(points.len() as u64) as usize];
-                    cases.push((case(guarantee, CHECKS[6], r.case.seed, vec![p.clone()]), false));
+                    cases.push((
+                        case(guarantee, CHECKS[6], r.case.seed, vec![p.clone()]),
+                        false,
+                    ));
                 }
             }
         }
@@ -779,8 +809,15 @@ pub fn check_guest(
             let power = first.ends_with("+power") && r.case.points.len() == 1;
             for q in &r.second_points {
                 // A power case's second crash is a power loss too.
-                let q = if power { format!("{q}+power") } else { q.clone() };
-                more.push((case(guarantee, CHECKS[4], r.case.seed, vec![first.clone(), q]), false));
+                let q = if power {
+                    format!("{q}+power")
+                } else {
+                    q.clone()
+                };
+                more.push((
+                    case(guarantee, CHECKS[4], r.case.seed, vec![first.clone(), q]),
+                    false,
+                ));
             }
             if power && r.choices > 0 && r.case.check != CHECKS[6] {
                 // (random-seed cases are sampled, not expanded)
@@ -819,7 +856,12 @@ fn record(rows: &mut Vec<Row>, failures: &mut Vec<Failure>, r: &CaseResult) {
     let i = match rows.iter().position(same) {
         Some(i) => i,
         None => {
-            rows.push(Row { check, mode, guarantee, ..Row::default() });
+            rows.push(Row {
+                check,
+                mode,
+                guarantee,
+                ..Row::default()
+            });
             // Keep the table in guarantee order, then CHECKS, then modes.
             let key = |row: &Row| {
                 (
@@ -884,7 +926,11 @@ pub fn render(reports: &[GuestReport]) -> String {
             "check", "mode", "guarantee", "cases", "passed", "failed", "time"
         ));
         for row in &r.rows {
-            let guarantee = if row.check == CHECKS[0] { "-".to_string() } else { row.guarantee.to_string() };
+            let guarantee = if row.check == CHECKS[0] {
+                "-".to_string()
+            } else {
+                row.guarantee.to_string()
+            };
             out.push_str(&format!(
                 "  {:<28} {:<6} {:<13} {:>7} {:>7} {:>7} {:>8.1}s\n",
                 row.check, row.mode, guarantee, row.cases, row.passed, row.failed, row.seconds
@@ -923,7 +969,10 @@ pub fn child_main(
     let mut config = child::config(guest, dir, kafka);
     config.task.guarantee = guarantee;
     for (k, v) in options {
-        config.store.options.insert(k.clone(), toml::Value::String(v.clone()));
+        config
+            .store
+            .options
+            .insert(k.clone(), toml::Value::String(v.clone()));
     }
     match child::run(runtime, &config, &steps) {
         Ok(summary) => {

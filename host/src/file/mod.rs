@@ -34,7 +34,10 @@ impl File {
         let existed = path.exists();
         let f = std::fs::File::create(path).map_err(|e| named(e, "cannot create", path))?;
         power::on_create(path, existed);
-        Ok(File { f, path: path.to_path_buf() })
+        Ok(File {
+            f,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Opens `path` for appending, creating it if missing.
@@ -46,7 +49,10 @@ impl File {
             .open(path)
             .map_err(|e| named(e, "cannot open", path))?;
         power::on_create(path, existed);
-        Ok(File { f, path: path.to_path_buf() })
+        Ok(File {
+            f,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Opens an existing file for writing in place (truncation).
@@ -55,7 +61,10 @@ impl File {
             .write(true)
             .open(path)
             .map_err(|e| named(e, "cannot open", path))?;
-        Ok(File { f, path: path.to_path_buf() })
+        Ok(File {
+            f,
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -64,7 +73,11 @@ impl File {
 
     /// The file's length now (page cache included).
     pub fn len(&self) -> io::Result<u64> {
-        Ok(self.f.metadata().map_err(|e| named(e, "cannot stat", &self.path))?.len())
+        Ok(self
+            .f
+            .metadata()
+            .map_err(|e| named(e, "cannot stat", &self.path))?
+            .len())
     }
 
     pub fn is_empty(&self) -> io::Result<bool> {
@@ -72,7 +85,9 @@ impl File {
     }
 
     pub fn set_len(&self, len: u64) -> io::Result<()> {
-        self.f.set_len(len).map_err(|e| named(e, "cannot truncate", &self.path))
+        self.f
+            .set_len(len)
+            .map_err(|e| named(e, "cannot truncate", &self.path))
     }
 
     /// fdatasync: the content is durable when this returns Ok.
@@ -91,7 +106,11 @@ impl File {
             power::on_failed_sync(&self.path);
             return Err(f.io_error(&format!("fsync of {}", self.path.display())));
         }
-        let r = if all { self.f.sync_all() } else { self.f.sync_data() };
+        let r = if all {
+            self.f.sync_all()
+        } else {
+            self.f.sync_data()
+        };
         r.map_err(|e| named(e, "fsync of", &self.path))?;
         power::on_sync(&self.path);
         Ok(())
@@ -108,7 +127,10 @@ impl Write for File {
                 Err(Fault::Short.io_error(&format!("write of {}", self.path.display())))
             }
             Some(f) => Err(f.io_error(&format!("write of {}", self.path.display()))),
-            None => self.f.write(buf).map_err(|e| named(e, "write of", &self.path)),
+            None => self
+                .f
+                .write(buf)
+                .map_err(|e| named(e, "write of", &self.path)),
         }
     }
 

@@ -29,8 +29,8 @@
 //! `TXSTORE_POWER_SIM=1` is set, and then continues in every process that
 //! finds the journal. Nothing here runs otherwise.
 
-use crate::crash::PowerReport;
 use crate::conformance::workload::Rng;
+use crate::crash::PowerReport;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -115,7 +115,9 @@ fn baseline(root: &Path, journal: &Path) -> State {
 
 fn walk_baseline(root: &Path, rel: &str, journal: &Path, state: &mut State) {
     let mut entries = BTreeMap::new();
-    let Ok(list) = std::fs::read_dir(root.join(rel)) else { return };
+    let Ok(list) = std::fs::read_dir(root.join(rel)) else {
+        return;
+    };
     for entry in list.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         let child = join(rel, &name);
@@ -148,7 +150,9 @@ fn join(rel: &str, name: &str) -> String {
 }
 
 fn excluded(rel: &str) -> bool {
-    EXCLUDED.iter().any(|e| rel == *e || rel.starts_with(&format!("{e}/")))
+    EXCLUDED
+        .iter()
+        .any(|e| rel == *e || rel.starts_with(&format!("{e}/")))
 }
 
 impl Journal {
@@ -161,7 +165,11 @@ impl Journal {
 
     /// `path` relative to the root, if the layer owns it.
     fn rel(&self, path: &Path) -> Option<String> {
-        let rel = absolute(path).strip_prefix(&self.root).ok()?.to_string_lossy().to_string();
+        let rel = absolute(path)
+            .strip_prefix(&self.root)
+            .ok()?
+            .to_string_lossy()
+            .to_string();
         (!excluded(&rel)).then_some(rel)
     }
 
@@ -224,7 +232,9 @@ pub(super) fn on_remove(path: &Path) {
 pub(super) fn on_sync(path: &Path) {
     with_journal(|j| {
         let Some(rel) = j.rel(path) else { return };
-        let Some(&id) = j.state.live.get(&rel) else { return };
+        let Some(&id) = j.state.live.get(&rel) else {
+            return;
+        };
         let content = std::fs::read(path).expect("read of a synced file");
         std::fs::write(j.shadow(id), content).expect("shadow write");
         j.state.shadows.insert(id);
@@ -236,7 +246,9 @@ pub(super) fn on_sync(path: &Path) {
 pub(super) fn on_failed_sync(path: &Path) {
     with_journal(|j| {
         let Some(rel) = j.rel(path) else { return };
-        let Some(&id) = j.state.live.get(&rel) else { return };
+        let Some(&id) = j.state.live.get(&rel) else {
+            return;
+        };
         let old = j.durable_content(id);
         std::fs::write(path, old).expect("revert after a failed fsync");
     });
@@ -316,7 +328,10 @@ fn torn(durable: &[u8], current: Option<&[u8]>, rng: Option<&mut Rng>) -> (Vec<u
 pub fn power_loss(seed: Option<u64>) -> PowerReport {
     let mut guard = JOURNAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(j) = guard.as_mut() else {
-        return PowerReport { summary: "files: not simulated".into(), choices: 0 };
+        return PowerReport {
+            summary: "files: not simulated".into(),
+            choices: 0,
+        };
     };
     let mut rng = seed.map(Rng::new);
     let root = j.root.clone();
@@ -325,7 +340,10 @@ pub fn power_loss(seed: Option<u64>) -> PowerReport {
         j.state = baseline(&root, &j.dir);
         j.save();
         return PowerReport {
-            summary: format!("files: {} was never made durable in its parent, lost whole", root.display()),
+            summary: format!(
+                "files: {} was never made durable in its parent, lost whole",
+                root.display()
+            ),
             choices: 0,
         };
     }
@@ -342,7 +360,9 @@ pub fn power_loss(seed: Option<u64>) -> PowerReport {
     let mut choices = 0u64;
     let mut pending = vec![String::new()];
     while let Some(dir) = pending.pop() {
-        let Some(entries) = j.state.durable.get(&dir) else { continue };
+        let Some(entries) = j.state.durable.get(&dir) else {
+            continue;
+        };
         for (name, entry) in entries {
             let rel = join(&dir, name);
             if excluded(&rel) {
@@ -354,8 +374,11 @@ pub fn power_loss(seed: Option<u64>) -> PowerReport {
                     pending.push(rel);
                 }
                 Some(id) => {
-                    let (content, c) =
-                        torn(&j.durable_content(*id), current.get(id).map(Vec::as_slice), rng.as_mut());
+                    let (content, c) = torn(
+                        &j.durable_content(*id),
+                        current.get(id).map(Vec::as_slice),
+                        rng.as_mut(),
+                    );
                     choices += c;
                     files.insert(rel, content);
                 }
@@ -366,7 +389,11 @@ pub fn power_loss(seed: Option<u64>) -> PowerReport {
     let mut removed = 0;
     let mut stack = vec![String::new()];
     while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(root.join(&dir)).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(root.join(&dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let rel = join(&dir, &entry.file_name().to_string_lossy());
             if excluded(&rel) {
                 continue;
@@ -428,6 +455,10 @@ mod tests {
                 );
             }
         }
-        assert_eq!(torn(&old, Some(&new), None).0, old, "no seed: durable content");
+        assert_eq!(
+            torn(&old, Some(&new), None).0,
+            old,
+            "no seed: durable content"
+        );
     }
 }

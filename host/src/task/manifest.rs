@@ -38,7 +38,10 @@ pub enum Checked {
     Same,
     Created,
     /// Same strategy, another build: opened, manifest updated.
-    NewBuild { from: String, to: String },
+    NewBuild {
+        from: String,
+        to: String,
+    },
     /// A store made before manifests existed, adopted as this guest's.
     Adopted,
 }
@@ -71,7 +74,11 @@ pub fn expected(config: &Config, guest_sha256: &str) -> Manifest {
         store: config.store.name.clone(),
         guest: strategy(&config.store.guest),
         guest_sha256: guest_sha256.to_string(),
-        wit: format!("{}@{}", crate::runtime::WIT_PACKAGE, crate::runtime::WIT_VERSION),
+        wit: format!(
+            "{}@{}",
+            crate::runtime::WIT_PACKAGE,
+            crate::runtime::WIT_VERSION
+        ),
         changelog: changelog_kind(config).to_string(),
     }
 }
@@ -83,8 +90,8 @@ pub fn read(state_dir: &Path) -> Result<Option<Manifest>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", p.display())),
     };
-    let m: Manifest =
-        toml::from_str(&text).with_context(|| format!("store manifest {} is damaged", p.display()))?;
+    let m: Manifest = toml::from_str(&text)
+        .with_context(|| format!("store manifest {} is damaged", p.display()))?;
     if m.format != FORMAT {
         bail!(
             "store manifest {} has format {}, this txstore reads format {FORMAT} (written by a newer txstore?)",
@@ -109,7 +116,11 @@ pub fn check(config: &Config, guest_sha256: &str, existing: bool) -> Result<Chec
     let want = expected(config, guest_sha256);
     let Some(have) = read(&dir)? else {
         write(&dir, &want)?;
-        return Ok(if existing { Checked::Adopted } else { Checked::Created });
+        return Ok(if existing {
+            Checked::Adopted
+        } else {
+            Checked::Created
+        });
     };
     let shown = path(&dir);
     if have.store != want.store {
@@ -157,7 +168,10 @@ pub fn check(config: &Config, guest_sha256: &str, existing: bool) -> Result<Chec
     }
     if have.guest_sha256 != want.guest_sha256 {
         write(&dir, &want)?;
-        return Ok(Checked::NewBuild { from: have.guest_sha256, to: want.guest_sha256 });
+        return Ok(Checked::NewBuild {
+            from: have.guest_sha256,
+            to: want.guest_sha256,
+        });
     }
     Ok(Checked::Same)
 }

@@ -443,7 +443,9 @@ impl Task {
 
     /// Runs the commit protocol for everything processed so far.
     pub fn commit(&mut self) -> Result<()> {
-        let offset = self.changelog.commit(self.input_position, self.input_check)?;
+        let offset = self
+            .changelog
+            .commit(self.input_position, self.input_check)?;
         crash::step("after-changelog-commit");
         self.instance.commit(offset)?;
         crash::step("after-store-commit");
