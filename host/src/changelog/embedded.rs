@@ -330,6 +330,19 @@ fn commits_after(buf: &[u8], pos: usize) -> usize {
     commits
 }
 
+/// Segment `path` must start at `base`, where the segments before it end.
+fn check_follows(path: &Path, base: u64, before: Option<CommitInfo>) -> Result<()> {
+    match before {
+        Some(prev) if prev.offset != base => bail!(
+            "changelog segment {} starts at offset {base} but the segments before it end at offset {}: \
+             segments are missing or misplaced; nothing was changed",
+            path.display(),
+            prev.offset
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Finds the next position after `from` where a valid frame starts.
 fn resync(buf: &[u8], from: usize) -> Option<usize> {
     let magic = MAGIC.to_le_bytes();
@@ -370,30 +383,14 @@ impl EmbeddedLog {
             if !tail {
                 if let Some(sealed) = read_seal(path) {
                     let base = segments[i].0;
-                    if let Some(prev) = last.map(|c: CommitInfo| c.offset) {
-                        if base != prev {
-                            bail!(
-                                "changelog segment {} starts at offset {base} but the segments before it end at \
-                                 offset {prev}: segments are missing or misplaced; nothing was changed",
-                                path.display()
-                            );
-                        }
-                    }
+                    check_follows(path, base, last)?;
                     last = Some(sealed);
                     unverified.push(i);
                     continue;
                 }
             }
             let base = segments[i].0;
-            if let Some(prev) = last.map(|c: CommitInfo| c.offset) {
-                if base != prev {
-                    bail!(
-                        "changelog segment {} starts at offset {base} but the segments before it end at offset \
-                         {prev}: segments are missing or misplaced; nothing was changed",
-                        path.display()
-                    );
-                }
-            }
+            check_follows(path, base, last)?;
             let found = scan(path, base, tail, &mut report.damage)?;
             last = found.last.or(last);
             if tail {

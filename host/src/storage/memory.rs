@@ -5,8 +5,8 @@
 //! guest sees the same errors on either backend.
 
 use super::{
-    check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op, Result,
-    StorageError, StoreStorage,
+    check_batch, check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op,
+    Result, StorageError, StoreStorage,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -202,13 +202,7 @@ impl StoreStorage for MemoryStore {
 
     fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
         self.health.check()?;
-        for (_, ops) in &batch {
-            for op in ops {
-                if let Op::DeleteRange(s, e) = op {
-                    check_range(s, e)?;
-                }
-            }
-        }
+        check_batch(&batch)?;
         self.health.before_write()?;
         for (ks, ops) in batch {
             self.edit(ks, |m| ops.into_iter().for_each(|op| apply(m, op)));

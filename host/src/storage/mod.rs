@@ -236,6 +236,18 @@ pub fn check_name(kind: NameKind, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks every range of a `write` batch before any of it applies.
+pub(crate) fn check_batch(batch: &[(KeyspaceId, Vec<Op>)]) -> Result<()> {
+    for (_, ops) in batch {
+        for op in ops {
+            if let Op::DeleteRange(s, e) = op {
+                check_range(s, e)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks a half-open range's bounds.
 pub(crate) fn check_range(start: &[u8], end: &[u8]) -> Result<()> {
     if start > end {

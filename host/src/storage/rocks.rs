@@ -12,8 +12,8 @@
 //! leaves nothing behind.
 
 use super::{
-    check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op, Result,
-    StorageError, StoreStorage,
+    check_batch, check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op,
+    Result, StorageError, StoreStorage,
 };
 use rocksdb::{
     checkpoint::Checkpoint, BoundColumnFamily, FlushOptions, Options, ReadOptions, WriteBatch,
@@ -371,13 +371,7 @@ impl StoreStorage for RocksStore {
 
     fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
         self.health.check()?;
-        for (_, ops) in &batch {
-            for op in ops {
-                if let Op::DeleteRange(s, e) = op {
-                    check_range(s, e)?;
-                }
-            }
-        }
+        check_batch(&batch)?;
         self.health.before_write()?;
         let mut wb = WriteBatch::default();
         // A keyspace may appear more than once in a batch.
