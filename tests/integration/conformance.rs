@@ -142,3 +142,50 @@ fn rejects_recovery_that_is_not_idempotent() {
         "committed state after recovery (after a crash at commit-call",
     );
 }
+
+// Bugs in the less-travelled parts of the contract: call shapes, key and
+// value classes, big transactions. Each is caught by the workload's reads
+// or by the contract checks, without a crash.
+
+#[test]
+fn rejects_an_empty_value_stored_as_a_delete() {
+    rejected("empty-value-deletes", "key-value semantics");
+}
+
+#[test]
+fn rejects_get_many_that_answers_in_another_order() {
+    rejected("get-many-sorted", "sees");
+}
+
+#[test]
+fn rejects_keys_cut_to_255_bytes() {
+    rejected("long-keys-cut", "sees");
+}
+
+#[test]
+fn rejects_keys_through_a_lossy_utf8_conversion() {
+    rejected("lossy-keys", "key-value semantics");
+}
+
+#[test]
+fn rejects_a_page_limited_before_the_merge() {
+    rejected(
+        "range-limit-before-merge",
+        "read-uncommitted sees the open transaction",
+    );
+}
+
+#[test]
+fn rejects_a_commit_that_copies_one_batch() {
+    rejected("copy-first-batch", "sees");
+}
+
+#[test]
+fn rejects_a_single_delete_without_a_tombstone() {
+    rejected("single-delete-forgets", "hides the open transaction");
+}
+
+#[test]
+fn rejects_range_limit_zero_as_no_limit() {
+    rejected("range-limit-zero-unbounded", "calls with empty lists");
+}

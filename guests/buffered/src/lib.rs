@@ -152,7 +152,7 @@ impl Guest for Buffered {
             if isolation == Isolation::ReadCommitted {
                 return read_range(&s.data, start.as_deref(), end.as_deref(), limit);
             }
-            let mut base = CursorIter::new(&s.data, start.as_deref(), end.as_deref())?;
+            let mut base = CursorIter::expecting(&s.data, start.as_deref(), end.as_deref(), limit)?;
             let overlay = s.buffer.range(bounds(start, end)).map(|(k, v)| (k.clone(), v.clone()));
             let out = merge(&mut base, overlay, limit);
             base.finish()?;

@@ -86,12 +86,27 @@ pub struct CursorIter {
     cursor: Cursor,
     buf: VecDeque<Entry>,
     done: bool,
+    /// Entries asked for by the next cursor call: small first (a read of
+    /// one entry should not copy a thousand), doubling to `CURSOR_BATCH`.
+    fetch: u32,
     pub error: Option<Error>,
 }
 
 impl CursorIter {
     pub fn new(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Self, Error> {
-        Ok(Self { cursor: ks.scan(start, end)?, buf: VecDeque::new(), done: false, error: None })
+        Self::expecting(ks, start, end, CURSOR_BATCH)
+    }
+
+    /// A cursor for a read that wants about `wanted` entries (a range's
+    /// limit): its first call fetches that many, later ones more.
+    pub fn expecting(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>, wanted: u32) -> Result<Self, Error> {
+        Ok(Self {
+            cursor: ks.scan(start, end)?,
+            buf: VecDeque::new(),
+            done: false,
+            fetch: wanted.clamp(1, CURSOR_BATCH),
+            error: None,
+        })
     }
 
     /// The error that ended the iteration, if one did.
@@ -105,9 +120,12 @@ impl Iterator for CursorIter {
 
     fn next(&mut self) -> Option<Entry> {
         if self.buf.is_empty() && !self.done {
-            match self.cursor.next(CURSOR_BATCH) {
+            match self.cursor.next(self.fetch) {
                 Ok(batch) if batch.is_empty() => self.done = true,
-                Ok(batch) => self.buf.extend(batch),
+                Ok(batch) => {
+                    self.buf.extend(batch);
+                    self.fetch = (self.fetch * 2).min(CURSOR_BATCH);
+                }
                 Err(e) => {
                     self.error = Some(e);
                     self.done = true;
@@ -158,7 +176,7 @@ pub fn merge(
 
 /// Reads up to `limit` entries of [start, end) from `ks`.
 pub fn read_range(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>, limit: u32) -> Result<Vec<Entry>, Error> {
-    let mut it = CursorIter::new(ks, start, end)?;
+    let mut it = CursorIter::expecting(ks, start, end, limit)?;
     let out: Vec<Entry> = it.by_ref().take(limit as usize).collect();
     it.finish()?;
     Ok(out)

@@ -209,8 +209,8 @@ impl Guest for RollBack {
             if s.touched.is_empty() {
                 return read_range(&s.main, start.as_deref(), end.as_deref(), limit);
             }
-            let mut base = CursorIter::new(&s.main, start.as_deref(), end.as_deref())?;
-            let mut undo = CursorIter::new(&s.undo, start.as_deref(), end.as_deref())?;
+            let mut base = CursorIter::expecting(&s.main, start.as_deref(), end.as_deref(), limit)?;
+            let mut undo = CursorIter::expecting(&s.undo, start.as_deref(), end.as_deref(), limit)?;
             let mut bad = None;
             let overlay = undo.by_ref().map(|e| match decode_prior(e.value) {
                 Ok(v) => (e.key, v),

@@ -190,8 +190,8 @@ impl Guest for RollForward {
                 return read_range(&s.main, start.as_deref(), end.as_deref(), limit);
             }
             s.flush()?;
-            let mut base = CursorIter::new(&s.main, start.as_deref(), end.as_deref())?;
-            let mut staged = CursorIter::new(&s.temp, start.as_deref(), end.as_deref())?;
+            let mut base = CursorIter::expecting(&s.main, start.as_deref(), end.as_deref(), limit)?;
+            let mut staged = CursorIter::expecting(&s.temp, start.as_deref(), end.as_deref(), limit)?;
             let mut bad = None;
             let overlay = staged.by_ref().map(|e| match untag(e.value) {
                 Ok(v) => (e.key, v),

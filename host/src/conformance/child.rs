@@ -95,6 +95,12 @@ pub struct Summary {
     /// I/O calls made, per kind ([`crate::fault::counts`]).
     #[serde(default)]
     pub io_calls: Vec<(String, u64)>,
+    /// Calls of each contract function this run made.
+    #[serde(default)]
+    pub guest_calls: Vec<(String, u64)>,
+    /// Reads compared with the model, recovery's two included.
+    #[serde(default)]
+    pub reads_checked: u64,
 }
 
 /// The task configuration every conformance run uses.
@@ -116,11 +122,7 @@ pub fn config(guest: &str, dir: &Path, kafka: Option<&super::KafkaTarget>) -> Co
 }
 
 fn show(entries: &[(Vec<u8>, Vec<u8>)]) -> String {
-    let keys: Vec<String> = entries
-        .iter()
-        .take(8)
-        .map(|(k, _)| crate::cli::escape(k))
-        .collect();
+    let keys: Vec<String> = entries.iter().take(8).map(|(k, _)| short(k)).collect();
     format!(
         "{} entries [{}{}]",
         entries.len(),
@@ -139,23 +141,22 @@ fn diff(got: &[(Vec<u8>, Vec<u8>)], want: &[(Vec<u8>, Vec<u8>)]) -> Option<Strin
             Some(g) if g == w => continue,
             Some(g) if g.0 == w.0 => {
                 return Some(format!(
-                    "key {} has the wrong value",
-                    crate::cli::escape(&w.0)
+                    "key {} has {}, expected {}",
+                    short(&w.0),
+                    show_value(Some(&g.1)),
+                    show_value(Some(&w.1))
                 ))
             }
             Some(g) if g.0 < w.0 => {
-                return Some(format!(
-                    "key {} should not be there",
-                    crate::cli::escape(&g.0)
-                ))
+                return Some(format!("key {} should not be there", short(&g.0)))
             }
-            _ => return Some(format!("key {} is missing", crate::cli::escape(&w.0))),
+            _ => return Some(format!("key {} is missing", short(&w.0))),
         }
     }
     let extra = &got[want.len()];
     Some(format!(
         "key {} should not be there (store: {}, model: {})",
-        crate::cli::escape(&extra.0),
+        short(&extra.0),
         show(got),
         show(want)
     ))
@@ -245,7 +246,13 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             format!("at step {done}, read-uncommitted: {d}"),
         ));
     }
-    execute(&mut task, steps, done, committed, report.transactional, dir)?;
+    let reads_checked = 2 + execute(&mut task, steps, done, committed, report.transactional, dir)?;
+    let guest_calls: Vec<(String, u64)> = task
+        .store()
+        .call_counts()
+        .iter()
+        .map(|(f, n)| (f.to_string(), *n))
+        .collect();
     let stats = task
         .close()
         .map_err(|e| violation("no guest errors", format!("close: {e:#}")))?;
@@ -272,10 +279,13 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             .into_iter()
             .map(|(s, n)| (s.to_string(), n))
             .collect(),
+        guest_calls,
+        reads_checked,
     })
 }
 
-/// Runs steps `from..`, checking reads against the live and committed models.
+/// Runs steps `from..`, checking reads against the live and committed
+/// models. Returns how many reads it compared.
 fn execute(
     task: &mut Task,
     steps: &[Step],
@@ -283,55 +293,101 @@ fn execute(
     mut committed: Model,
     transactional: bool,
     dir: &Path,
-) -> Result<(), Violation> {
+) -> Result<u64, Violation> {
+    let mut reads = 0u64;
     let guest_error = |e: anyhow::Error| violation("no guest errors", format!("{e:#}"));
     let mut live = committed.clone();
     let mut committed_at = from;
     for (i, step) in steps.iter().enumerate().skip(from) {
         // A store that is not transactional has no committed view to check.
         let unchecked = |iso: &Isolation| *iso == Isolation::ReadCommitted && !transactional;
+        let model = |iso: Isolation| {
+            if iso == Isolation::ReadCommitted {
+                &committed
+            } else {
+                &live
+            }
+        };
+        if matches!(step, Step::Read(..) | Step::ReadMany(..) | Step::Range(..)) {
+            reads += 1;
+        }
         match step {
-            Step::Read(_, iso) | Step::Range(_, _, iso) if unchecked(iso) => {}
-            Step::Write(records) => {
-                task.write(records).map_err(guest_error)?;
+            Step::Read(_, iso) | Step::ReadMany(_, iso) | Step::Range(_, _, iso, _)
+                if unchecked(iso) =>
+            {
+                reads -= 1
+            }
+            Step::Write(records, shape) => {
+                task.write_with(records, *shape).map_err(guest_error)?;
                 workload::apply(&mut live, records);
                 task.end_record(i as u64 + 1).map_err(guest_error)?;
             }
             Step::Commit => task.commit().map_err(guest_error)?,
             Step::Read(key, iso) => {
                 let got = task.get(key, *iso).map_err(guest_error)?;
-                let model = if *iso == Isolation::ReadCommitted {
-                    &committed
-                } else {
-                    &live
-                };
-                if got.as_ref() != model.get(key) {
+                let want = model(*iso).get(key);
+                if got.as_ref() != want {
                     return Err(violation(
                         property(*iso),
                         format!(
-                            "step {i}: get {} returned {:?}, expected {:?}",
-                            crate::cli::escape(key),
-                            got.map(|v| v.len()),
-                            model.get(key).map(Vec::len)
+                            "step {i}: get {} returned {}, expected {}",
+                            short(key),
+                            show_value(got.as_deref()),
+                            show_value(want.map(Vec::as_slice))
                         ),
                     ));
                 }
             }
-            Step::Range(start, end, iso) => {
+            Step::ReadMany(keys, iso) => {
                 let got = task
                     .store()
-                    .range_all(start.as_deref(), end.as_deref(), *iso)
+                    .get_many(keys, *iso)
                     .map_err(|e| guest_error(e.into()))?;
-                let model = if *iso == Isolation::ReadCommitted {
-                    &committed
-                } else {
-                    &live
-                };
-                let want = workload::range(model, start.as_deref(), end.as_deref());
-                if let Some(d) = diff(&got, &want) {
-                    return Err(violation(property(*iso), format!("step {i}: range: {d}")));
+                let want: Vec<Option<&Vec<u8>>> = keys.iter().map(|k| model(*iso).get(k)).collect();
+                if got.len() != keys.len() {
+                    return Err(violation(
+                        property(*iso),
+                        format!(
+                            "step {i}: get-many of {} keys returned {} values",
+                            keys.len(),
+                            got.len()
+                        ),
+                    ));
+                }
+                if let Some(j) = (0..keys.len()).find(|&j| got[j].as_ref() != want[j]) {
+                    return Err(violation(
+                        property(*iso),
+                        format!(
+                            "step {i}: get-many of {} keys: key #{j} {} returned {}, expected {}",
+                            keys.len(),
+                            short(&keys[j]),
+                            show_value(got[j].as_deref()),
+                            show_value(want[j].map(Vec::as_slice))
+                        ),
+                    ));
                 }
             }
+            Step::Range(start, end, iso, page) => {
+                let want = workload::range(model(*iso), start.as_deref(), end.as_deref());
+                let (got, complete) =
+                    paged_range(task, start.as_deref(), end.as_deref(), *iso, *page)
+                        .map_err(|d| violation(property(*iso), format!("step {i}: {d}")))?;
+                // Paging one entry at a time through thousands costs more
+                // than it tells: a long range is compared as far as it went.
+                let want = if complete {
+                    &want[..]
+                } else {
+                    &want[..got.len().min(want.len())]
+                };
+                if let Some(d) = diff(&got, want) {
+                    return Err(violation(
+                        property(*iso),
+                        format!("step {i}: range by pages of {page}: {d}"),
+                    ));
+                }
+            }
+            Step::Empty => empty_calls(task)
+                .map_err(|d| violation("calls with empty lists", format!("step {i}: {d}")))?,
         }
         // A commit (explicit or early) moves the committed model.
         let now = task.committed_input_position() as usize;
@@ -359,7 +415,107 @@ fn execute(
             }
         }
     }
+    Ok(reads)
+}
+
+/// The entries of [start, end) at `iso` through `range` calls of `page`
+/// entries, each page checked for its size and order; at most
+/// [`RANGE_CALLS`] calls. True when the range was read to its end.
+fn paged_range(
+    task: &mut Task,
+    start: Option<&[u8]>,
+    end: Option<&[u8]>,
+    iso: Isolation,
+    page: u32,
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), String> {
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut next = start.map(<[u8]>::to_vec);
+    for _ in 0..RANGE_CALLS {
+        let got = task
+            .store()
+            .range(next.as_deref(), end, iso, page)
+            .map_err(|e| format!("range: {e}"))?;
+        if got.len() as u64 > u64::from(page) {
+            return Err(format!(
+                "range with limit {page} returned {} entries",
+                got.len()
+            ));
+        }
+        if let Some(bad) = got
+            .iter()
+            .map(|(k, _)| k)
+            .zip(got.iter().skip(1).map(|(k, _)| k))
+            .find(|(a, b)| a >= b)
+        {
+            return Err(format!(
+                "range returned key {} before {}: not in key order",
+                short(bad.0),
+                short(bad.1)
+            ));
+        }
+        let full = got.len() as u64 == u64::from(page);
+        if let Some((k, _)) = got.last() {
+            next = Some([k.as_slice(), &[0]].concat());
+        }
+        out.extend(got);
+        if !full {
+            return Ok((out, true));
+        }
+    }
+    Ok((out, false))
+}
+
+/// The most `range` calls one paged read makes.
+const RANGE_CALLS: usize = 96;
+
+/// Calls with nothing in them change nothing and return nothing. A guest
+/// may refuse an empty write with `uncommitted-limit` (it holds as much as
+/// it may); anything else is an error.
+fn empty_calls(task: &mut Task) -> Result<(), String> {
+    let store = task.store();
+    let refused_ok = |r: Result<(), crate::runtime::CallError>, what: &str| match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_uncommitted_limit() => Ok(()),
+        Err(e) => Err(format!("{what} of an empty list: {e}")),
+    };
+    refused_ok(store.put_many(&[]), "put-many")?;
+    refused_ok(store.delete_many(&[]), "delete-many")?;
+    for iso in [Isolation::ReadCommitted, Isolation::ReadUncommitted] {
+        let got = store
+            .get_many(&[], iso)
+            .map_err(|e| format!("get-many of no keys: {e}"))?;
+        if !got.is_empty() {
+            return Err(format!("get-many of no keys returned {} values", got.len()));
+        }
+        let got = store
+            .range(None, None, iso, 0)
+            .map_err(|e| format!("range with limit 0: {e}"))?;
+        if !got.is_empty() {
+            return Err(format!("range with limit 0 returned {} entries", got.len()));
+        }
+    }
     Ok(())
+}
+
+/// A key in a message: escaped, long ones cut with their length.
+fn short(key: &[u8]) -> String {
+    const SHOWN: usize = 24;
+    if key.len() <= SHOWN {
+        return format!("`{}`", crate::cli::escape(key));
+    }
+    format!(
+        "`{}...` ({} bytes)",
+        crate::cli::escape(&key[..SHOWN]),
+        key.len()
+    )
+}
+
+/// A value in a message: absent, or its length and first bytes.
+fn show_value(v: Option<&[u8]>) -> String {
+    match v {
+        None => "nothing".to_string(),
+        Some(v) => format!("a value of {} bytes {}", v.len(), short(v)),
+    }
 }
 
 fn property(iso: Isolation) -> &'static str {

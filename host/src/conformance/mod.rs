@@ -26,6 +26,7 @@
 
 pub mod child;
 pub mod contract;
+pub mod coverage;
 pub mod workload;
 
 use crate::runtime::{GuestSource, Runtime};
@@ -184,6 +185,8 @@ pub struct GuestReport {
     pub crash_points_by_mode: std::collections::BTreeMap<&'static str, u64>,
     pub rows: Vec<Row>,
     pub failures: Vec<Failure>,
+    /// What the run exercised.
+    pub coverage: coverage::Coverage,
 }
 
 impl GuestReport {
@@ -389,6 +392,10 @@ impl Case {
         for (k, v) in &self.guest_options {
             s.push_str(&format!(" --option {k}={v}"));
         }
+        if self.check == CHECKS[1] {
+            // A clean run: that seed's run alone, no exploration after it.
+            s.push_str(" --seeds 0 --max-points 0");
+        }
         s
     }
 
@@ -568,10 +575,11 @@ fn run_all(
     Ok(results.into_inner().unwrap())
 }
 
-/// Up to `max` of `1..=n`, evenly spread, always with the first and last.
+/// Up to `max` of `1..=n`, evenly spread, always with the first and last
+/// (with room for two).
 fn spread(n: u64, max: usize) -> Vec<u64> {
-    if n as usize <= max {
-        return (1..=n).collect();
+    if n as usize <= max || max < 2 {
+        return (1..=n).take(max).collect();
     }
     let mut v: Vec<u64> = (0..max)
         .map(|i| 1 + i as u64 * (n - 1) / (max as u64 - 1))
@@ -676,6 +684,7 @@ pub fn check_guest(
         crash_points_by_mode: Default::default(),
         rows: Vec::new(),
         failures: Vec::new(),
+        coverage: Default::default(),
     };
     bar.set_message(guest.to_string());
     let case = |guarantee, check: &'static str, seed: u64, points: Vec<String>| Case {
@@ -709,7 +718,7 @@ pub fn check_guest(
         c.io_error = opts.only_io_error.clone();
         let mut results = run_all(vec![(c, false)], opts, bar)?;
         let r = results.pop().expect("one case");
-        record(&mut rows, &mut failures, &r);
+        record(&mut rows, &mut failures, &mut report.coverage, &r);
         report.count_reached(&r);
         report.rows = rows;
         report.failures = failures;
@@ -757,10 +766,15 @@ pub fn check_guest(
             .map(|&seed| (case(guarantee, CHECKS[1], seed, vec![]), false))
             .collect();
         let clean = run_all(clean, opts, bar)?;
+        for seed in &seeds {
+            report
+                .coverage
+                .add_workload(&workload::generate(*seed, opts.ops));
+        }
         let mut cases = Vec::new();
         let mut io_cases = Vec::new();
         for r in &clean {
-            record(&mut rows, &mut failures, r);
+            record(&mut rows, &mut failures, &mut report.coverage, r);
             let Some(summary) = &r.summary else { continue };
             let points = first_points(summary, opts.max_points, &opts.modes);
             if r.case.seed == opts.seed {
@@ -803,7 +817,7 @@ pub fn check_guest(
         let firsts = run_all(cases, opts, bar)?;
         let mut more = Vec::new();
         for r in &firsts {
-            record(&mut rows, &mut failures, r);
+            record(&mut rows, &mut failures, &mut report.coverage, r);
             report.count_reached(r);
             let first = &r.case.points[0];
             let power = first.ends_with("+power") && r.case.points.len() == 1;
@@ -829,7 +843,7 @@ pub fn check_guest(
         }
         more.extend(io_cases);
         for r in &run_all(more, opts, bar)? {
-            record(&mut rows, &mut failures, r);
+            record(&mut rows, &mut failures, &mut report.coverage, r);
             report.count_reached(r);
         }
     }
@@ -850,8 +864,20 @@ impl GuestReport {
     }
 }
 
-fn record(rows: &mut Vec<Row>, failures: &mut Vec<Failure>, r: &CaseResult) {
+fn record(
+    rows: &mut Vec<Row>,
+    failures: &mut Vec<Failure>,
+    coverage: &mut coverage::Coverage,
+    r: &CaseResult,
+) {
     let (check, mode, guarantee) = (r.case.check, r.case.mode(), r.case.guarantee);
+    if let Some(s) = &r.summary {
+        coverage.add_run(r.case.seed, s);
+    }
+    if mode != "-" {
+        coverage.modes.insert(mode);
+    }
+    coverage.guarantees.insert(guarantee.to_string());
     let same = |row: &Row| row.check == check && row.mode == mode && row.guarantee == guarantee;
     let i = match rows.iter().position(same) {
         Some(i) => i,
@@ -948,6 +974,7 @@ pub fn render(reports: &[GuestReport]) -> String {
                 r.failures.len() - 10
             ));
         }
+        out.push_str(&r.coverage.render());
     }
     out
 }
@@ -1006,5 +1033,8 @@ mod tests {
         assert_eq!(s.len(), 10);
         assert_eq!((s[0], s[9]), (1, 1000));
         assert!(spread(0, 5).is_empty());
+        // `--max-points 1` or 0.
+        assert_eq!(spread(1000, 1), vec![1]);
+        assert!(spread(1000, 0).is_empty());
     }
 }

@@ -74,6 +74,8 @@ pub struct StoreInstance {
     label: String,
     limits: Limits,
     dead: bool,
+    /// Export calls made, by function (the conformance suite's coverage).
+    calls: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl StoreInstance {
@@ -98,6 +100,7 @@ impl StoreInstance {
             label: guest.label.clone(),
             limits: limits.clone(),
             dead: false,
+            calls: Default::default(),
         })
     }
 
@@ -113,6 +116,7 @@ impl StoreInstance {
         phase: Phase,
         f: impl FnOnce(&export::Guest, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
     ) -> Result<T, CallError> {
+        *self.calls.entry(func).or_default() += 1;
         if self.dead {
             return Err(self.trap(
                 func,
@@ -193,6 +197,11 @@ impl StoreInstance {
             Some(i) => Some(format!("{} {}", lines[i], lines.get(i + 1).unwrap_or(&""))),
             None => lines.last().map(|l| l.to_string()),
         }
+    }
+
+    /// Export calls made so far, by function.
+    pub fn call_counts(&self) -> &std::collections::BTreeMap<&'static str, u64> {
+        &self.calls
     }
 
     pub fn is_dead(&self) -> bool {

@@ -392,10 +392,20 @@ impl Task {
 
     /// Applies `writes` to the store and the changelog's open transaction.
     pub fn write(&mut self, writes: &[Record]) -> Result<()> {
+        self.write_with(writes, WriteCalls::Batched)
+    }
+
+    /// [`Task::write`] through the guest calls `calls` names (the
+    /// conformance workload exercises both).
+    pub fn write_with(&mut self, writes: &[Record], calls: WriteCalls) -> Result<()> {
         if writes.is_empty() {
             return Ok(());
         }
-        match apply(&mut self.instance, writes) {
+        let apply = |instance: &mut StoreInstance| match calls {
+            WriteCalls::Batched => apply(instance, writes),
+            WriteCalls::Single => apply_single(instance, writes),
+        };
+        match apply(&mut self.instance) {
             Err(Refusal { applied: true, .. }) => {
                 // Part of the record is in the store and none of it in the
                 // changelog: committing now would label those writes as
@@ -411,9 +421,7 @@ impl Task {
                 // this record (a record boundary), then it must accept.
                 self.commit()?;
                 self.stats.early_commits += 1;
-                apply(&mut self.instance, writes)
-                    .map_err(|r| r.error)
-                    .context(
+                apply(&mut self.instance).map_err(|r| r.error).context(
                     "the guest refused a write right after a commit (it must accept when empty)",
                 )?;
             }
@@ -484,6 +492,16 @@ impl Task {
     }
 }
 
+/// How a record's writes reach the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteCalls {
+    /// Runs of puts and of deletes, one `put-many`/`delete-many` call each:
+    /// what the task does with every record.
+    Batched,
+    /// One `put` or `delete` call per write.
+    Single,
+}
+
 /// A write call the guest refused, and whether earlier calls for the same
 /// writes had already been applied.
 struct Refusal {
@@ -523,6 +541,21 @@ fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal>
             applied: i > 0,
         })?;
         i += run;
+    }
+    Ok(())
+}
+
+/// Applies writes one `put` or `delete` call each.
+fn apply_single(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal> {
+    for (i, w) in writes.iter().enumerate() {
+        match w {
+            Record::Put(k, v) => instance.put(k, v),
+            Record::Delete(k) => instance.delete(k),
+        }
+        .map_err(|error| Refusal {
+            error,
+            applied: i > 0,
+        })?;
     }
     Ok(())
 }

@@ -31,6 +31,17 @@ fn with<R>(f: impl FnOnce(&mut Store) -> Result<R, Error>) -> Result<R, Error> {
 /// Writes go to main, synced: durable before the changelog commits them.
 const BUGGY_WRITES: bool = cfg!(feature = "eager-store");
 
+/// The key as stored: unchanged, but for the planted key bugs.
+fn stored_key(key: &[u8]) -> Vec<u8> {
+    if cfg!(feature = "long-keys-cut") {
+        return key[..key.len().min(255)].to_vec();
+    }
+    if cfg!(feature = "lossy-keys") {
+        return String::from_utf8_lossy(key).into_owned().into_bytes();
+    }
+    key.to_vec()
+}
+
 fn offset(meta: &Keyspace, key: &[u8]) -> Result<Option<u64>, Error> {
     Ok(meta
         .get(key)?
@@ -49,9 +60,19 @@ fn all(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>) -> Result<Vec<En
     }
 }
 
+/// The first cursor batch only: the loop the author forgot.
+fn first_batch(ks: &Keyspace) -> Result<Vec<Entry>, Error> {
+    ks.scan(None, None)?.next(1024)
+}
+
 /// Copies the temporary keyspace into main (tag 1 = put, 0 = delete).
 fn copy(s: &Store) -> Result<(), Error> {
-    let ops: Vec<Op> = all(&s.temp, None, None)?
+    let staged = if cfg!(feature = "copy-first-batch") {
+        first_batch(&s.temp)?
+    } else {
+        all(&s.temp, None, None)?
+    };
+    let ops: Vec<Op> = staged
         .into_iter()
         .map(|e| match e.value.split_first() {
             Some((1, v)) => Op::Put(Entry {
@@ -101,6 +122,7 @@ fn clear_temp(s: &Store) -> Result<(), Error> {
 }
 
 fn read(s: &Store, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+    let key = &stored_key(key)[..];
     let see_temp =
         isolation == Isolation::ReadUncommitted || cfg!(feature = "leaky-read-committed");
     if see_temp && !BUGGY_WRITES {
@@ -174,6 +196,10 @@ impl Guest for Planted {
     }
 
     fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        if cfg!(feature = "get-many-sorted") {
+            let keys: std::collections::BTreeSet<Vec<u8>> = keys.into_iter().collect();
+            return with(|s| keys.iter().map(|k| read(s, k, isolation)).collect());
+        }
         with(|s| keys.iter().map(|k| read(s, k, isolation)).collect())
     }
 
@@ -190,12 +216,20 @@ impl Guest for Planted {
                 ));
             }
         }
+        let limit = if cfg!(feature = "range-limit-zero-unbounded") && limit == 0 {
+            u32::MAX
+        } else {
+            limit
+        };
         with(|s| {
-            let mut view: BTreeMap<Vec<u8>, Vec<u8>> =
-                all(&s.main, start.as_deref(), end.as_deref())?
-                    .into_iter()
-                    .map(|e| (e.key, e.value))
-                    .collect();
+            let committed = all(&s.main, start.as_deref(), end.as_deref())?;
+            let early = cfg!(feature = "range-limit-before-merge")
+                && isolation == Isolation::ReadUncommitted;
+            let mut view: BTreeMap<Vec<u8>, Vec<u8>> = committed
+                .into_iter()
+                .take(if early { limit as usize } else { usize::MAX })
+                .map(|e| (e.key, e.value))
+                .collect();
             let see_temp =
                 isolation == Isolation::ReadUncommitted || cfg!(feature = "leaky-read-committed");
             if see_temp && !BUGGY_WRITES {
@@ -219,6 +253,9 @@ impl Guest for Planted {
     }
 
     fn delete(key: Vec<u8>) -> Result<(), Error> {
+        if cfg!(feature = "single-delete-forgets") {
+            return with(|s| s.temp.delete(&key));
+        }
         Self::delete_many(vec![key])
     }
 
@@ -246,9 +283,14 @@ impl Guest for Planted {
             let ops = entries
                 .into_iter()
                 .map(|e| {
+                    let value = if cfg!(feature = "empty-value-deletes") && e.value.is_empty() {
+                        vec![0]
+                    } else {
+                        [&[1u8][..], &e.value].concat()
+                    };
                     Op::Put(Entry {
-                        key: e.key,
-                        value: [&[1u8][..], &e.value].concat(),
+                        key: stored_key(&e.key),
+                        value,
                     })
                 })
                 .collect();
@@ -273,7 +315,7 @@ impl Guest for Planted {
                     keys.into_iter()
                         .map(|key| {
                             Op::Put(Entry {
-                                key,
+                                key: stored_key(&key),
                                 value: vec![0],
                             })
                         })
