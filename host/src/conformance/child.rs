@@ -371,7 +371,7 @@ fn execute(
                 let want = workload::range(model(*iso), start.as_deref(), end.as_deref());
                 let (got, complete) =
                     paged_range(task, start.as_deref(), end.as_deref(), *iso, *page)
-                        .map_err(|d| violation(property(*iso), format!("step {i}: {d}")))?;
+                        .map_err(|v| violation(v.property, format!("step {i}: {}", v.detail)))?;
                 // Paging one entry at a time through thousands costs more
                 // than it tells: a long range is compared as far as it went.
                 let want = if complete {
@@ -387,7 +387,7 @@ fn execute(
                 }
             }
             Step::Empty => empty_calls(task)
-                .map_err(|d| violation("calls with empty lists", format!("step {i}: {d}")))?,
+                .map_err(|v| violation(v.property, format!("step {i}: {}", v.detail)))?,
         }
         // A commit (explicit or early) moves the committed model.
         let now = task.committed_input_position() as usize;
@@ -427,19 +427,20 @@ fn paged_range(
     end: Option<&[u8]>,
     iso: Isolation,
     page: u32,
-) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), String> {
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), Violation> {
     let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut next = start.map(<[u8]>::to_vec);
+    let broken = |d: String| violation(property(iso), d);
     for _ in 0..RANGE_CALLS {
         let got = task
             .store()
             .range(next.as_deref(), end, iso, page)
-            .map_err(|e| format!("range: {e}"))?;
+            .map_err(|e| violation("no guest errors", e.to_string()))?;
         if got.len() as u64 > u64::from(page) {
-            return Err(format!(
+            return Err(broken(format!(
                 "range with limit {page} returned {} entries",
                 got.len()
-            ));
+            )));
         }
         if let Some(bad) = got
             .iter()
@@ -447,11 +448,11 @@ fn paged_range(
             .zip(got.iter().skip(1).map(|(k, _)| k))
             .find(|(a, b)| a >= b)
         {
-            return Err(format!(
+            return Err(broken(format!(
                 "range returned key {} before {}: not in key order",
                 short(bad.0),
                 short(bad.1)
-            ));
+            )));
         }
         let full = got.len() as u64 == u64::from(page);
         if let Some((k, _)) = got.last() {
@@ -470,28 +471,40 @@ const RANGE_CALLS: usize = 96;
 
 /// Calls with nothing in them change nothing and return nothing. A guest
 /// may refuse an empty write with `uncommitted-limit` (it holds as much as
-/// it may); anything else is an error.
-fn empty_calls(task: &mut Task) -> Result<(), String> {
+/// it may); any other error is a guest error.
+fn empty_calls(task: &mut Task) -> Result<(), Violation> {
     let store = task.store();
-    let refused_ok = |r: Result<(), crate::runtime::CallError>, what: &str| match r {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_uncommitted_limit() => Ok(()),
-        Err(e) => Err(format!("{what} of an empty list: {e}")),
+    let failed = |what: &str, e: crate::runtime::CallError| {
+        violation("no guest errors", format!("{what}: {e}"))
     };
-    refused_ok(store.put_many(&[]), "put-many")?;
-    refused_ok(store.delete_many(&[]), "delete-many")?;
+    let wrong = |d: String| violation("calls with empty lists", d);
+    for (what, r) in [
+        ("put-many of an empty list", store.put_many(&[])),
+        ("delete-many of an empty list", store.delete_many(&[])),
+    ] {
+        match r {
+            Err(e) if !e.is_uncommitted_limit() => return Err(failed(what, e)),
+            _ => {}
+        }
+    }
     for iso in [Isolation::ReadCommitted, Isolation::ReadUncommitted] {
         let got = store
             .get_many(&[], iso)
-            .map_err(|e| format!("get-many of no keys: {e}"))?;
+            .map_err(|e| failed("get-many of no keys", e))?;
         if !got.is_empty() {
-            return Err(format!("get-many of no keys returned {} values", got.len()));
+            return Err(wrong(format!(
+                "get-many of no keys returned {} values",
+                got.len()
+            )));
         }
         let got = store
             .range(None, None, iso, 0)
-            .map_err(|e| format!("range with limit 0: {e}"))?;
+            .map_err(|e| failed("range with limit 0", e))?;
         if !got.is_empty() {
-            return Err(format!("range with limit 0 returned {} entries", got.len()));
+            return Err(wrong(format!(
+                "range with limit 0 returned {} entries",
+                got.len()
+            )));
         }
     }
     Ok(())
