@@ -206,6 +206,26 @@ fn bounds(rng: &mut Rng) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
     )
 }
 
+/// The first record of every workload: a key of each class (so even a
+/// short workload has them all, whatever its seed), with an empty value
+/// among the values.
+fn every_class(rng: &mut Rng, written: &mut Vec<Vec<u8>>) -> Vec<Record> {
+    let mut keys: Vec<Vec<u8>> = vec![vec![], vec![0xff], vec![0xfe], b"k00\0".to_vec()];
+    for len in [256, 257, 65_537] {
+        let mut k = vec![b'L'; len - 1];
+        k.push(rng.below(3) as u8);
+        keys.push(k);
+    }
+    written.extend(keys.iter().cloned());
+    keys.into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let v = if i == 0 { Vec::new() } else { value(rng, 0) };
+            Record::Put(k, v)
+        })
+        .collect()
+}
+
 /// A read-uncommitted range by pages of one to three entries, over all
 /// keys or the part before or after the big records' keys (which a small
 /// page would not get past within the child's call budget).
@@ -235,6 +255,9 @@ pub fn generate(seed: u64, len: usize) -> Vec<Step> {
             }
             if std::mem::take(&mut scan_next) {
                 return small_page_scan(&mut rng);
+            }
+            if i == 0 && len >= 10 {
+                return Step::Write(every_class(&mut rng, &mut written), Shape::Batched);
             }
             if i % 40 == 0 {
                 commit_percent = [4, 10, 25][rng.below(3) as usize];
