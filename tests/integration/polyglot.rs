@@ -86,7 +86,7 @@ fn conformance(guest: &Path) {
         "--no-io-errors",
     ];
     if std::env::var_os("TXSTORE_LONG_TESTS").is_none_or(|v| v != "1") {
-        args.extend(["--ops", "120", "--seeds", "2", "--max-points", "16"]);
+        args.extend(["--ops", "80", "--seeds", "1", "--max-points", "12"]);
     }
     let out = txstore(&args);
     let text = ok(&out);
