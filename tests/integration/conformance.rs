@@ -18,7 +18,9 @@ const QUICK: &[&str] = &[
 ];
 
 /// The planted bugs are in guest logic: the process-crash modes find them.
+/// A buggy guest's run stops at its first failure.
 const QUICK_GUEST_BUGS: &[&str] = &[
+    "--fail-fast",
     "--ops",
     "80",
     "--seeds",

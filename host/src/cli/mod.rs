@@ -177,6 +177,11 @@ enum Command {
         /// test the strategy with the settings it will run with.
         #[arg(long = "option", value_name = "KEY=VALUE", value_parser = parse_option)]
         options: Vec<(String, String)>,
+        /// Stop a guest's exploration at its first failure (its report
+        /// then covers only what ran): for a quick verdict, as mutation
+        /// testing wants.
+        #[arg(long)]
+        fail_fast: bool,
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -323,6 +328,7 @@ pub fn main(cli: Cli) -> Result<()> {
         no_io_errors,
         guarantees,
         options,
+        fail_fast,
         json,
     } = cli.command
     {
@@ -346,6 +352,7 @@ pub fn main(cli: Cli) -> Result<()> {
             io_errors: !no_io_errors,
             guarantees,
             guest_options: options,
+            fail_fast,
             progress: std::io::stderr().is_terminal(),
             ..Default::default()
         };

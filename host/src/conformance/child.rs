@@ -246,7 +246,8 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             format!("at step {done}, read-uncommitted: {d}"),
         ));
     }
-    let reads_checked = 2 + execute(&mut task, steps, done, committed, report.transactional, dir)?;
+    committed_offset_matches(&mut task, "after recovery")?;
+    let reads_checked = 3 + execute(&mut task, steps, done, committed, report.transactional, dir)?;
     let guest_calls: Vec<(String, u64)> = task
         .store()
         .call_counts()
@@ -282,6 +283,24 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
         guest_calls,
         reads_checked,
     })
+}
+
+/// The store's `committed-offset` is the changelog's last commit: after a
+/// recovery (which ends with the store at the changelog's end) and after
+/// every commit.
+fn committed_offset_matches(task: &mut Task, when: &str) -> Result<(), Violation> {
+    let want = task.committed_offset();
+    let got = task
+        .store()
+        .committed_offset()
+        .map_err(|e| violation("no guest errors", format!("{when}: committed-offset: {e}")))?;
+    if got != want {
+        return Err(violation(
+            "committed-offset is the last commit",
+            format!("{when}: committed-offset returned {got:?}, the changelog's last commit is {want:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs steps `from..`, checking reads against the live and committed
@@ -403,6 +422,8 @@ fn execute(
             );
         }
         if now == i + 1 && matches!(step, Step::Commit) {
+            committed_offset_matches(task, &format!("step {i}: after commit"))?;
+            reads += 1;
             let left = task
                 .store()
                 .approximate_uncommitted_bytes()

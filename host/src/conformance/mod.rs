@@ -73,6 +73,8 @@ pub struct Options {
     pub guest_options: Vec<(String, String)>,
     /// Run the injected I/O error pass.
     pub io_errors: bool,
+    /// Stop a guest's exploration at its first failure.
+    pub fail_fast: bool,
     pub progress: bool,
 }
 
@@ -120,6 +122,7 @@ impl Default for Options {
             guarantees: vec![crate::config::Guarantee::ExactlyOnce],
             guest_options: Vec::new(),
             io_errors: true,
+            fail_fast: false,
             progress: true,
         }
     }
@@ -548,18 +551,27 @@ fn run_all(
     bar: &indicatif::ProgressBar,
 ) -> Result<Vec<CaseResult>> {
     let next = AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
     let results = Mutex::new(Vec::new());
     let error = Mutex::new(None);
     bar.inc_length(cases.len() as u64);
     std::thread::scope(|scope| {
         for _ in 0..opts.workers.max(1) {
             scope.spawn(|| loop {
+                if opts.fail_fast && failed.load(Ordering::Relaxed) {
+                    break;
+                }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((case, probe)) = cases.get(i) else {
                     break;
                 };
                 match run_case(case, *probe) {
-                    Ok(r) => results.lock().unwrap().push(r),
+                    Ok(r) => {
+                        if r.failure.is_some() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                        results.lock().unwrap().push(r)
+                    }
                     Err(e) => {
                         *error.lock().unwrap() = Some(e);
                         break;
@@ -754,11 +766,15 @@ pub fn check_guest(
     }
     contract_row.seconds = started.elapsed().as_secs_f64();
     rows.push(contract_row);
+    let stop = |failures: &Vec<Failure>| opts.fail_fast && !failures.is_empty();
 
     // The exploration, once per guarantee: the start-up path differs
     // (under at-least-once a transactional guest recovers from a
     // checkpoint that survives the crash).
     for &guarantee in &opts.guarantees {
+        if stop(&failures) {
+            break;
+        }
         // Clean runs: the main seed and the random ones; they also count points.
         let seeds: Vec<u64> = (0..=opts.random_seeds).map(|i| opts.seed + i).collect();
         let clean: Vec<(Case, bool)> = seeds
@@ -812,6 +828,9 @@ pub fn check_guest(
             }
         }
 
+        if stop(&failures) {
+            break;
+        }
         // First crashes; each crashed state also yields its recovery's points,
         // and each power loss that had choices to make, its seeded variants.
         let firsts = run_all(cases, opts, bar)?;
@@ -840,6 +859,9 @@ pub fn check_guest(
                     more.push((case(guarantee, r.case.check, r.case.seed, vec![p]), false));
                 }
             }
+        }
+        if stop(&failures) {
+            break;
         }
         more.extend(io_cases);
         for r in &run_all(more, opts, bar)? {

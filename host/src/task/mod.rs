@@ -377,6 +377,11 @@ impl Task {
         self.changelog.last_commit().and_then(|c| c.input_check)
     }
 
+    /// The changelog offset of the last committed transaction, if any.
+    pub fn committed_offset(&self) -> Option<u64> {
+        self.changelog.last_commit().map(|c| c.offset)
+    }
+
     /// The input position of the last committed transaction.
     pub fn committed_input_position(&self) -> u64 {
         self.changelog.last_commit().map_or(0, |c| c.input_position)
