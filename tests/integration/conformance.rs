@@ -91,8 +91,13 @@ fn the_correct_planted_guest_passes() {
 /// Each bug is rejected with the property it breaks, and the first failure's
 /// reproducer line fails again the same way.
 fn rejected(feature: &str, property: &str) {
+    rejected_with(feature, property, &[]);
+}
+
+fn rejected_with(feature: &str, property: &str, extra: &[&str]) {
     let wasm = planted(Some(feature));
-    let (ok, report, text) = conformance(&[wasm.to_str().unwrap()], QUICK_GUEST_BUGS);
+    let args: Vec<&str> = QUICK_GUEST_BUGS.iter().chain(extra).copied().collect();
+    let (ok, report, text) = conformance(&[wasm.to_str().unwrap()], &args);
     assert!(!ok, "{feature} was accepted:\n{text}");
     let failures = report[0]["failures"].as_array().unwrap();
     let hit = failures
@@ -190,4 +195,61 @@ fn rejects_a_single_delete_without_a_tombstone() {
 #[test]
 fn rejects_range_limit_zero_as_no_limit() {
     rejected("range-limit-zero-unbounded", "calls with empty lists");
+}
+
+/// A bug on at-least-once's start-up path (recover given a checkpoint after
+/// a crash): exactly-once never takes that path, at-least-once rejects it.
+#[test]
+fn rejects_recovery_that_trusts_the_checkpoint_under_at_least_once() {
+    let wasm = planted(Some("checkpoint-trusted"));
+    let (ok, _, text) = conformance(&[wasm.to_str().unwrap()], QUICK_GUEST_BUGS);
+    assert!(ok, "exactly-once never hands recover a checkpoint after a crash:\n{text}");
+    rejected_with(
+        "checkpoint-trusted",
+        "nothing uncommitted visible after recovery",
+        &["--guarantees", "at-least-once"],
+    );
+}
+
+/// Both guarantees with a guest option: buffered with a 1 MiB uncommitted
+/// limit, which the workload's records of thousands of keys reach, so the
+/// task commits early on the guest's refusals.
+#[test]
+fn both_guarantees_with_a_guest_option() {
+    let (ok, report, text) = conformance(
+        &["buffered"],
+        &[
+            "--guarantees",
+            "exactly-once,at-least-once",
+            "--option",
+            "max_uncommitted_bytes=1048576",
+            "--ops",
+            "80",
+            "--seeds",
+            "0",
+            "--max-points",
+            "2",
+            "--power-seeds",
+            "0",
+            "--no-io-errors",
+        ],
+    );
+    assert!(ok, "{text}");
+    let g = &report[0];
+    for guarantee in ["exactly-once", "at-least-once"] {
+        assert!(
+            g["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["guarantee"] == guarantee
+                    && r["check"] == "crash at a protocol step"
+                    && r["cases"].as_u64().unwrap() > 0),
+            "{guarantee}\n{text}"
+        );
+    }
+    assert!(g["coverage"]["early_commits"].as_u64().unwrap() > 0, "{text}");
+    // An option the guest does not know is refused, not ignored.
+    let (ok, _, text) = conformance(&["buffered"], &["--option", "no_such_option=1", "--ops", "10"]);
+    assert!(!ok && text.contains("no_such_option"), "{text}");
 }

@@ -9,6 +9,8 @@ use crate::config::{Config, Guarantee};
 use crate::crash;
 use crate::runtime::{Isolation, Runtime};
 use crate::task::Task;
+use crate::changelog::Record;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The conformance task commits early past this many uncommitted bytes, so
@@ -101,6 +103,9 @@ pub struct Summary {
     /// Reads compared with the model, recovery's two included.
     #[serde(default)]
     pub reads_checked: u64,
+    /// Commits made early on the guest's uncommitted limit.
+    #[serde(default)]
+    pub early_commits: u64,
 }
 
 /// The task configuration every conformance run uses.
@@ -282,6 +287,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             .collect(),
         guest_calls,
         reads_checked,
+        early_commits: stats.early_commits,
     })
 }
 
@@ -421,6 +427,23 @@ fn execute(
                 },
             );
         }
+        if let Step::Write(..) = step {
+            // The estimate bounds memory through the host's early commits:
+            // it may count more, never less than the keys and values held.
+            let held = held_bytes(&steps[now.min(i + 1)..=i]);
+            let said = task
+                .store()
+                .approximate_uncommitted_bytes()
+                .map_err(|e| guest_error(e.into()))?;
+            if said < held {
+                return Err(violation(
+                    "approximate-uncommitted-bytes counts what is held",
+                    format!(
+                        "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and values"
+                    ),
+                ));
+            }
+        }
         if now == i + 1 && matches!(step, Step::Commit) {
             committed_offset_matches(task, &format!("step {i}: after commit"))?;
             reads += 1;
@@ -437,6 +460,24 @@ fn execute(
         }
     }
     Ok(reads)
+}
+
+/// The bytes of keys and last values (none for a delete) of the distinct
+/// keys that `steps` write.
+fn held_bytes(steps: &[Step]) -> u64 {
+    let mut last: BTreeMap<&[u8], usize> = BTreeMap::new();
+    for step in steps {
+        if let Step::Write(records, _) = step {
+            for r in records {
+                let value = match r {
+                    Record::Put(_, v) => v.len(),
+                    Record::Delete(_) => 0,
+                };
+                last.insert(r.key(), value);
+            }
+        }
+    }
+    last.iter().map(|(k, v)| (k.len() + v) as u64).sum()
 }
 
 /// The entries of [start, end) at `iso` through `range` calls of `page`

@@ -39,6 +39,9 @@ pub struct Coverage {
     pub distinct_recovered_states: u64,
     /// Reads of the workloads compared with the model.
     pub reads_checked: u64,
+    /// Commits the task made early because the guest refused a record with
+    /// `uncommitted-limit` (a small `--option` limit makes them happen).
+    pub early_commits: u64,
     #[serde(skip)]
     states: BTreeSet<(u64, usize)>,
 }
@@ -53,6 +56,7 @@ impl Coverage {
         self.states.insert((seed, summary.resumed_at));
         self.distinct_recovered_states = self.states.len() as u64;
         self.reads_checked += summary.reads_checked;
+        self.early_commits += summary.early_commits;
     }
 
     /// Adds the argument classes of a workload the runs executed.
@@ -102,12 +106,13 @@ impl Coverage {
         let modes: Vec<&str> = self.modes.iter().copied().collect();
         let guarantees: Vec<&str> = self.guarantees.iter().map(String::as_str).collect();
         out.push_str(&format!(
-            "  crash modes: {}; guarantees: {}\n  {} recoveries checked against {} distinct committed states; {} reads compared\n",
+            "  crash modes: {}; guarantees: {}\n  {} recoveries checked against {} distinct committed states; {} reads compared; {} early commits on the uncommitted limit\n",
             if modes.is_empty() { "none".to_string() } else { modes.join(", ") },
             guarantees.join(", "),
             self.recoveries_checked,
             self.distinct_recovered_states,
-            self.reads_checked
+            self.reads_checked,
+            self.early_commits
         ));
         out
     }

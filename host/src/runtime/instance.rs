@@ -73,7 +73,10 @@ pub struct StoreInstance {
     api: bindings::Store,
     label: String,
     limits: Limits,
-    dead: bool,
+    /// Why this instance takes no more calls: it trapped, or its commit
+    /// failed (the store is then in an unknown state until a new instance
+    /// recovers it).
+    dead: Option<&'static str>,
     /// Export calls made, by function (the conformance suite's coverage).
     calls: std::collections::BTreeMap<&'static str, u64>,
 }
@@ -99,7 +102,7 @@ impl StoreInstance {
             api,
             label: guest.label.clone(),
             limits: limits.clone(),
-            dead: false,
+            dead: None,
             calls: Default::default(),
         })
     }
@@ -117,11 +120,8 @@ impl StoreInstance {
         f: impl FnOnce(&export::Guest, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
     ) -> Result<T, CallError> {
         *self.calls.entry(func).or_default() += 1;
-        if self.dead {
-            return Err(self.trap(
-                func,
-                "the instance trapped earlier and was discarded".into(),
-            ));
+        if let Some(why) = self.dead {
+            return Err(self.trap(func, why.into()));
         }
         let ticks = self
             .limits
@@ -140,7 +140,7 @@ impl StoreInstance {
                 err,
             }),
             Err(e) => {
-                self.dead = true;
+                self.dead = Some("the instance trapped earlier and was discarded");
                 let reason = self.explain(&e);
                 Err(self.trap(func, reason))
             }
@@ -205,7 +205,7 @@ impl StoreInstance {
     }
 
     pub fn is_dead(&self) -> bool {
-        self.dead
+        self.dead.is_some()
     }
 
     pub fn init(&mut self, options: &[(String, String)]) -> Result<(), CallError> {
@@ -320,8 +320,15 @@ impl StoreInstance {
         })
     }
 
+    /// After a failed commit the store may hold part of it: the host makes
+    /// no further call on this instance (the task stops; the next start
+    /// recovers in a new one), whatever the guest would answer.
     pub fn commit(&mut self, offset: u64) -> Result<(), CallError> {
-        self.call("commit", Phase::Commit, |g, s| g.call_commit(s, offset))
+        let result = self.call("commit", Phase::Commit, |g, s| g.call_commit(s, offset));
+        if result.is_err() && self.dead.is_none() {
+            self.dead = Some("its commit failed earlier; a new instance must recover the store");
+        }
+        result
     }
 
     pub fn committed_offset(&mut self) -> Result<Option<u64>, CallError> {
@@ -339,5 +346,109 @@ impl StoreInstance {
     /// The largest linear memory the guest has grown to, in bytes.
     pub fn peak_memory_bytes(&self) -> u64 {
         self.store.data().limits.peak_memory as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::runtime::{GuestSource, Isolation, Limits, Runtime};
+    use crate::storage::{
+        Backend, Cursor, KeyspaceId, MemoryBackend, Op, Result, StorageError, StoreStorage,
+    };
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// Memory storage whose writes fail while `fail` is set.
+    struct Failing {
+        inner: Box<dyn StoreStorage>,
+        fail: Arc<AtomicBool>,
+    }
+
+    impl Failing {
+        fn check(&self) -> Result<()> {
+            if self.fail.load(Ordering::Relaxed) {
+                return Err(StorageError::Io("planted write failure".into()));
+            }
+            Ok(())
+        }
+    }
+
+    impl StoreStorage for Failing {
+        fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
+            self.inner.open_keyspace(name)
+        }
+        fn keyspaces(&self) -> Result<Vec<String>> {
+            self.inner.keyspaces()
+        }
+        fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+            self.inner.get(ks, key)
+        }
+        fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
+            self.check()?;
+            self.inner.put(ks, key, value)
+        }
+        fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()> {
+            self.check()?;
+            self.inner.delete(ks, key)
+        }
+        fn scan(&self, ks: KeyspaceId, s: Option<&[u8]>, e: Option<&[u8]>) -> Result<Box<dyn Cursor>> {
+            self.inner.scan(ks, s, e)
+        }
+        fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {
+            self.check()?;
+            self.inner.delete_range(ks, start, end)
+        }
+        fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
+            self.check()?;
+            self.inner.clear(ks)
+        }
+        fn is_empty(&self, ks: KeyspaceId) -> Result<bool> {
+            self.inner.is_empty(ks)
+        }
+        fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
+            self.check()?;
+            self.inner.write(batch, sync)
+        }
+        fn sync(&mut self) -> Result<()> {
+            self.inner.sync()
+        }
+        fn create_snapshot(&mut self, name: &str) -> Result<()> {
+            self.inner.create_snapshot(name)
+        }
+        fn restore_snapshot(&mut self, name: &str) -> Result<()> {
+            self.inner.restore_snapshot(name)
+        }
+        fn drop_snapshot(&mut self, name: &str) -> Result<()> {
+            self.inner.drop_snapshot(name)
+        }
+        fn list_snapshots(&self) -> Result<Vec<String>> {
+            self.inner.list_snapshots()
+        }
+    }
+
+    /// A failed commit ends the instance: the store may hold part of the
+    /// commit, so no read or write may follow on it, whether or not the
+    /// guest guards itself (wipe-on-crash does not).
+    #[test]
+    fn no_call_after_a_failed_commit() {
+        let runtime = Runtime::new(None).unwrap();
+        let guest = runtime.load(&GuestSource::parse("wipe-on-crash")).unwrap();
+        let fail = Arc::new(AtomicBool::new(false));
+        let storage = Failing {
+            inner: MemoryBackend::new().open_store("s").unwrap(),
+            fail: fail.clone(),
+        };
+        let mut s = guest
+            .instantiate(Box::new(storage), "s", &Limits::default())
+            .unwrap();
+        s.init(&[]).unwrap();
+        s.recover(None).unwrap();
+        s.put(b"k", b"v").unwrap();
+        fail.store(true, Ordering::Relaxed);
+        assert!(s.commit(1).is_err());
+        fail.store(false, Ordering::Relaxed);
+        let err = s.get(b"k", Isolation::ReadUncommitted).unwrap_err();
+        assert!(err.to_string().contains("commit failed"), "{err}");
+        assert!(s.is_dead());
     }
 }

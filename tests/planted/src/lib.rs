@@ -166,6 +166,15 @@ impl Guest for Planted {
                     action: RecoveryAction::Wiped,
                 });
             }
+            if cfg!(feature = "checkpoint-trusted")
+                && checkpointed.is_some()
+                && checkpointed == offset(&s.meta, b"offset")?
+            {
+                return Ok(Recovery {
+                    offset: checkpointed,
+                    action: RecoveryAction::Discarded,
+                });
+            }
             if let Some(marker) = offset(&s.meta, b"marker")? {
                 if cfg!(feature = "non-idempotent-recovery") {
                     finish(s, marker)?;
