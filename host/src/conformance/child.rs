@@ -5,11 +5,11 @@
 //! point can end it with `abort()`.
 
 use super::workload::{self, Model, Step};
+use crate::changelog::Record;
 use crate::config::{Config, Guarantee};
 use crate::crash;
 use crate::runtime::{Isolation, Runtime};
 use crate::task::Task;
-use crate::changelog::Record;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -251,6 +251,16 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             format!("at step {done}, read-uncommitted: {d}"),
         ));
     }
+    // After the state checks, which name the graver failure.
+    if acked.closed_at.is_some() && report.action != "clean" {
+        return Err(violation(
+            "recovery after a clean shutdown says clean",
+            format!(
+                "the task closed cleanly, but recover reported `{}` (to offset {:?}, checkpoint {:?})",
+                report.action, report.recovered_offset, report.checkpoint
+            ),
+        ));
+    }
     committed_offset_matches(&mut task, "after recovery")?;
     let reads_checked = 3 + execute(&mut task, steps, done, committed, report.transactional, dir)?;
     let guest_calls: Vec<(String, u64)> = task
@@ -430,16 +440,17 @@ fn execute(
         if let Step::Write(..) = step {
             // The estimate bounds memory through the host's early commits:
             // it may count more, never less than the keys and values held.
-            let held = held_bytes(&steps[now.min(i + 1)..=i]);
+            let (held, written) = held_bytes(&steps[now.min(i + 1)..=i]);
             let said = task
                 .store()
                 .approximate_uncommitted_bytes()
                 .map_err(|e| guest_error(e.into()))?;
-            if said < held {
+            if said < held || said > written {
                 return Err(violation(
                     "approximate-uncommitted-bytes counts what is held",
                     format!(
-                        "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and values"
+                        "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and \
+                         values (at most {written} with twice every write and {WRITE_OVERHEAD} per write)"
                     ),
                 ));
             }
@@ -462,10 +473,15 @@ fn execute(
     Ok(reads)
 }
 
-/// The bytes of keys and last values (none for a delete) of the distinct
-/// keys that `steps` write.
-fn held_bytes(steps: &[Step]) -> u64 {
+/// Per-write bookkeeping a guest may count on top of key and value bytes.
+const WRITE_OVERHEAD: u64 = 256;
+
+/// What `steps` hold open: the bytes of keys and last values (none for a
+/// delete) of the distinct keys they write, and the most an estimate may
+/// say (twice every write's key and value, and [`WRITE_OVERHEAD`] each).
+fn held_bytes(steps: &[Step]) -> (u64, u64) {
     let mut last: BTreeMap<&[u8], usize> = BTreeMap::new();
+    let mut written = 0u64;
     for step in steps {
         if let Step::Write(records, _) = step {
             for r in records {
@@ -473,11 +489,13 @@ fn held_bytes(steps: &[Step]) -> u64 {
                     Record::Put(_, v) => v.len(),
                     Record::Delete(_) => 0,
                 };
+                written += 2 * (r.key().len() + value) as u64 + WRITE_OVERHEAD;
                 last.insert(r.key(), value);
             }
         }
     }
-    last.iter().map(|(k, v)| (k.len() + v) as u64).sum()
+    let held = last.iter().map(|(k, v)| (k.len() + v) as u64).sum();
+    (held, written)
 }
 
 /// The entries of [start, end) at `iso` through `range` calls of `page`

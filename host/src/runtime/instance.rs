@@ -391,7 +391,12 @@ mod tests {
             self.check()?;
             self.inner.delete(ks, key)
         }
-        fn scan(&self, ks: KeyspaceId, s: Option<&[u8]>, e: Option<&[u8]>) -> Result<Box<dyn Cursor>> {
+        fn scan(
+            &self,
+            ks: KeyspaceId,
+            s: Option<&[u8]>,
+            e: Option<&[u8]>,
+        ) -> Result<Box<dyn Cursor>> {
             self.inner.scan(ks, s, e)
         }
         fn delete_range(&mut self, ks: KeyspaceId, start: &[u8], end: &[u8]) -> Result<()> {

@@ -172,7 +172,7 @@ impl Guest for Planted {
             {
                 return Ok(Recovery {
                     offset: checkpointed,
-                    action: RecoveryAction::Discarded,
+                    action: RecoveryAction::Clean,
                 });
             }
             if let Some(marker) = offset(&s.meta, b"marker")? {
@@ -190,9 +190,14 @@ impl Guest for Planted {
                 });
             }
             clear_temp(s)?;
+            let stored = offset(&s.meta, b"offset")?;
             Ok(Recovery {
-                offset: offset(&s.meta, b"offset")?,
-                action: RecoveryAction::Discarded,
+                offset: stored,
+                action: if checkpointed.is_some() && checkpointed == stored {
+                    RecoveryAction::Clean
+                } else {
+                    RecoveryAction::Discarded
+                },
             })
         })
     }
@@ -263,7 +268,10 @@ impl Guest for Planted {
 
     fn delete(key: Vec<u8>) -> Result<(), Error> {
         if cfg!(feature = "single-delete-forgets") {
-            return with(|s| s.temp.delete(&key));
+            return with(|s| {
+                s.uncommitted += key.len() as u64;
+                s.temp.delete(&key)
+            });
         }
         Self::delete_many(vec![key])
     }
