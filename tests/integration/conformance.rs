@@ -217,8 +217,7 @@ fn rejects_recovery_that_trusts_the_checkpoint_under_at_least_once() {
 }
 
 /// Both guarantees with a guest option: buffered with a 1 MiB uncommitted
-/// limit, which the workload's records of thousands of keys reach, so the
-/// task commits early on the guest's refusals.
+/// limit passed to its `init`.
 #[test]
 fn both_guarantees_with_a_guest_option() {
     let (ok, report, text) = conformance(
@@ -253,10 +252,9 @@ fn both_guarantees_with_a_guest_option() {
             "{guarantee}\n{text}"
         );
     }
-    assert!(
-        g["coverage"]["early_commits"].as_u64().unwrap() > 0,
-        "{text}"
-    );
+    // (At this workload's sizes buffered refuses nothing at 256 KiB and
+    // more, and at 128 KiB it meets the multi-call record limit of the
+    // `uncommitted-limit` rule: see docs/writing-a-guest.md.)
     // An option the guest does not know is refused, not ignored.
     let (ok, _, text) = conformance(
         &["buffered"],

@@ -103,9 +103,9 @@ pub struct Summary {
     /// Reads compared with the model, recovery's two included.
     #[serde(default)]
     pub reads_checked: u64,
-    /// Commits made early on the guest's uncommitted limit.
+    /// Records the guest refused with `uncommitted-limit`.
     #[serde(default)]
-    pub early_commits: u64,
+    pub limit_refusals: u64,
 }
 
 /// The task configuration every conformance run uses.
@@ -297,7 +297,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             .collect(),
         guest_calls,
         reads_checked,
-        early_commits: stats.early_commits,
+        limit_refusals: stats.limit_refusals,
     })
 }
 

@@ -39,9 +39,10 @@ pub struct Coverage {
     pub distinct_recovered_states: u64,
     /// Reads of the workloads compared with the model.
     pub reads_checked: u64,
-    /// Commits the task made early because the guest refused a record with
-    /// `uncommitted-limit` (a small `--option` limit makes them happen).
-    pub early_commits: u64,
+    /// Records the guest refused with `uncommitted-limit`, each followed by
+    /// an early commit (a small `--option` limit makes them happen; the
+    /// task's own 24 KiB threshold commits early without a refusal).
+    pub limit_refusals: u64,
     #[serde(skip)]
     states: BTreeSet<(u64, usize)>,
 }
@@ -56,7 +57,7 @@ impl Coverage {
         self.states.insert((seed, summary.resumed_at));
         self.distinct_recovered_states = self.states.len() as u64;
         self.reads_checked += summary.reads_checked;
-        self.early_commits += summary.early_commits;
+        self.limit_refusals += summary.limit_refusals;
     }
 
     /// Adds the argument classes of a workload the runs executed.
@@ -106,13 +107,13 @@ impl Coverage {
         let modes: Vec<&str> = self.modes.iter().copied().collect();
         let guarantees: Vec<&str> = self.guarantees.iter().map(String::as_str).collect();
         out.push_str(&format!(
-            "  crash modes: {}; guarantees: {}\n  {} recoveries checked against {} distinct committed states; {} reads compared; {} early commits on the uncommitted limit\n",
+            "  crash modes: {}; guarantees: {}\n  {} recoveries checked against {} distinct committed states; {} reads compared; {} records refused with uncommitted-limit\n",
             if modes.is_empty() { "none".to_string() } else { modes.join(", ") },
             guarantees.join(", "),
             self.recoveries_checked,
             self.distinct_recovered_states,
             self.reads_checked,
-            self.early_commits
+            self.limit_refusals
         ));
         out
     }

@@ -62,6 +62,9 @@ pub struct TaskStats {
     pub writes: u64,
     pub commits: u64,
     pub early_commits: u64,
+    /// Records the guest refused with `uncommitted-limit` (each followed
+    /// by an early commit and a retry).
+    pub limit_refusals: u64,
     pub input_bytes: u64,
     /// At a clean close: the checkpointed offset and the input position
     /// committed with it.
@@ -76,6 +79,7 @@ impl TaskStats {
         self.writes += other.writes;
         self.commits += other.commits;
         self.early_commits += other.early_commits;
+        self.limit_refusals += other.limit_refusals;
         self.input_bytes += other.input_bytes;
     }
 }
@@ -426,6 +430,7 @@ impl Task {
                 // this record (a record boundary), then it must accept.
                 self.commit()?;
                 self.stats.early_commits += 1;
+                self.stats.limit_refusals += 1;
                 apply(&mut self.instance).map_err(|r| r.error).context(
                     "the guest refused a write right after a commit (it must accept when empty)",
                 )?;
