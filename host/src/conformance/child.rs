@@ -354,6 +354,25 @@ fn execute(
                 if unchecked(iso) => {}
             Step::Write(records, shape) => {
                 task.write_with(records, *shape).map_err(guest_error)?;
+                // Before the record ends (and the task's threshold may
+                // commit): the estimate bounds memory through those early
+                // commits, so it may count more, never less than the keys
+                // and values held, nor far more (commits for nothing).
+                let open_from = (task.committed_input_position() as usize).min(i);
+                let (held, written) = held_bytes(&steps[open_from..=i]);
+                let said = task
+                    .store()
+                    .approximate_uncommitted_bytes()
+                    .map_err(|e| guest_error(e.into()))?;
+                if said < held || said > written {
+                    return Err(violation(
+                        "approximate-uncommitted-bytes counts what is held",
+                        format!(
+                            "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and \
+                             values (at most {written} with twice every write and {WRITE_OVERHEAD} per write)"
+                        ),
+                    ));
+                }
                 workload::apply(&mut live, records);
                 task.end_record(i as u64 + 1).map_err(guest_error)?;
             }
@@ -436,24 +455,6 @@ fn execute(
                     closed_at: None,
                 },
             );
-        }
-        if let Step::Write(..) = step {
-            // The estimate bounds memory through the host's early commits:
-            // it may count more, never less than the keys and values held.
-            let (held, written) = held_bytes(&steps[now.min(i + 1)..=i]);
-            let said = task
-                .store()
-                .approximate_uncommitted_bytes()
-                .map_err(|e| guest_error(e.into()))?;
-            if said < held || said > written {
-                return Err(violation(
-                    "approximate-uncommitted-bytes counts what is held",
-                    format!(
-                        "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and \
-                         values (at most {written} with twice every write and {WRITE_OVERHEAD} per write)"
-                    ),
-                ));
-            }
         }
         if now == i + 1 && matches!(step, Step::Commit) {
             committed_offset_matches(task, &format!("step {i}: after commit"))?;
