@@ -134,7 +134,10 @@ fn rejects_a_wipe_that_returns_the_checkpoint() {
     // The in-process contract check reopens a store after a clean stop and
     // finds it empty; the exploration (not run after a first failure) would
     // report "committed state after recovery".
-    rejected("wipe-keeps-checkpoint", "committed-offset survives a reopen");
+    rejected(
+        "wipe-keeps-checkpoint",
+        "committed-offset survives a reopen",
+    );
 }
 
 #[test]
