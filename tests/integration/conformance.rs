@@ -255,9 +255,13 @@ fn both_guarantees_with_a_guest_option() {
             "{guarantee}\n{text}"
         );
     }
-    // (At this workload's sizes buffered refuses nothing at 256 KiB and
-    // more, and at 128 KiB it meets the multi-call record limit of the
-    // `uncommitted-limit` rule: see docs/writing-a-guest.md.)
+    // The option takes effect: the workload's heavy record (one call of
+    // more than 1 MiB) meets a buffer holding something and is refused,
+    // then taken after the early commit.
+    assert!(
+        g["coverage"]["limit_refusals"].as_u64().unwrap() > 0,
+        "{text}"
+    );
     // An option the guest does not know is refused, not ignored.
     let (ok, _, text) = conformance(
         &["buffered"],

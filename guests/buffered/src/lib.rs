@@ -7,8 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use txstore_guest_kit::{
-    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry,
-    Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
+    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64,
+    storage, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery,
+    RecoveryAction, Slot,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -20,10 +21,7 @@ const DEFAULT_LIMIT: u64 = 64 << 20;
 struct Store {
     data: Keyspace,
     meta: Keyspace,
-    /// Uncommitted writes: Some(value) or None for a delete.
-    buffer: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    bytes: u64,
-    limit: u64,
+    buffer: Pending,
     /// Set when a commit failed after taking the buffer: the host must
     /// restart from recovery.
     poisoned: bool,
@@ -35,39 +33,78 @@ fn cost(key: &[u8], value: &Option<Vec<u8>>) -> u64 {
     (key.len() + value.as_ref().map_or(0, Vec::len)) as u64 + ENTRY_OVERHEAD
 }
 
-impl Store {
-    fn usable(&self) -> Result<(), Error> {
-        if self.poisoned {
-            return Err(Error::Other("a commit failed; recover before using this store".into()));
+/// The uncommitted writes and what they cost, apart from any storage call
+/// so that the accounting which bounds guest memory is tested natively.
+struct Pending {
+    /// Some(value) or None for a delete.
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// `cost` summed over `writes`.
+    bytes: u64,
+    limit: u64,
+}
+
+impl Pending {
+    fn new(limit: u64) -> Self {
+        Pending {
+            writes: BTreeMap::new(),
+            bytes: 0,
+            limit,
         }
-        Ok(())
     }
 
-    /// Buffers `writes` if they fit (all or nothing).
-    fn buffer(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
-        self.usable()?;
-        // The exact size after the batch, a key repeated in it counted once.
+    /// Adds `batch` in order if the result costs at most the limit, or if
+    /// nothing is pending (the WIT: an empty store takes any single write);
+    /// otherwise adds none of it.
+    fn add(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+        // The exact cost after the batch, a key repeated in it counted once.
         let mut next = self.bytes;
         let mut batch_cost: HashMap<&[u8], u64> = HashMap::new();
-        for (k, v) in &writes {
+        for (k, v) in &batch {
             let old = match batch_cost.get(k.as_slice()) {
                 Some(c) => *c,
-                None => self.buffer.get(k).map_or(0, |old| cost(k, old)),
+                None => self.writes.get(k).map_or(0, |old| cost(k, old)),
             };
             next = next - old + cost(k, v);
             batch_cost.insert(k, cost(k, v));
         }
-        if !self.buffer.is_empty() && next > self.limit {
+        if !self.writes.is_empty() && next > self.limit {
             return Err(Error::UncommittedLimit(self.limit));
         }
-        for (k, v) in writes {
+        for (k, v) in batch {
             self.bytes += cost(&k, &v);
-            if let Some(old) = self.buffer.get(&k) {
+            if let Some(old) = self.writes.get(&k) {
                 self.bytes -= cost(&k, old);
             }
-            self.buffer.insert(k, v);
+            self.writes.insert(k, v);
+        }
+        debug_assert_eq!(self.bytes, next);
+        debug_assert_eq!(
+            self.bytes,
+            self.writes.iter().map(|(k, v)| cost(k, v)).sum::<u64>()
+        );
+        Ok(())
+    }
+
+    /// Takes every pending write, leaving nothing pending.
+    fn take(&mut self) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+        self.bytes = 0;
+        std::mem::take(&mut self.writes)
+    }
+}
+
+impl Store {
+    fn usable(&self) -> Result<(), Error> {
+        if self.poisoned {
+            return Err(Error::Other(
+                "a commit failed; recover before using this store".into(),
+            ));
         }
         Ok(())
+    }
+
+    fn buffer(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+        self.usable()?;
+        self.buffer.add(writes)
     }
 }
 
@@ -80,16 +117,16 @@ impl Guest for Buffered {
         for (name, value) in &options {
             if name == "max_uncommitted_bytes" {
                 limit = value.parse().map_err(|_| {
-                    Error::InvalidArgument(format!("buffered: max_uncommitted_bytes `{value}` is not a byte count"))
+                    Error::InvalidArgument(format!(
+                        "buffered: max_uncommitted_bytes `{value}` is not a byte count"
+                    ))
                 })?;
             }
         }
         STORE.set(Store {
             data: Keyspace::open("data")?,
             meta: Keyspace::open("meta")?,
-            buffer: BTreeMap::new(),
-            bytes: 0,
-            limit,
+            buffer: Pending::new(limit),
             poisoned: false,
         });
         Ok(())
@@ -101,8 +138,7 @@ impl Guest for Buffered {
 
     fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
         STORE.with(|s| {
-            s.buffer.clear();
-            s.bytes = 0;
+            s.buffer.take();
             s.poisoned = false;
             let stored = read_u64(&s.meta, OFFSET)?;
             if checkpointed > stored {
@@ -119,7 +155,7 @@ impl Guest for Buffered {
         STORE.with(|s| {
             s.usable()?;
             if isolation == Isolation::ReadUncommitted {
-                if let Some(v) = s.buffer.get(&key) {
+                if let Some(v) = s.buffer.writes.get(&key) {
                     return Ok(v.clone());
                 }
             }
@@ -133,11 +169,15 @@ impl Guest for Buffered {
             if isolation == Isolation::ReadCommitted {
                 return s.data.get_many(&keys);
             }
-            let misses: Vec<Vec<u8>> = keys.iter().filter(|k| !s.buffer.contains_key(*k)).cloned().collect();
+            let misses: Vec<Vec<u8>> = keys
+                .iter()
+                .filter(|k| !s.buffer.writes.contains_key(*k))
+                .cloned()
+                .collect();
             let mut stored = s.data.get_many(&misses)?.into_iter();
             Ok(keys
                 .iter()
-                .map(|k| match s.buffer.get(k) {
+                .map(|k| match s.buffer.writes.get(k) {
                     Some(v) => v.clone(),
                     None => stored.next().flatten(),
                 })
@@ -145,7 +185,12 @@ impl Guest for Buffered {
         })
     }
 
-    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+    fn range(
+        start: Option<Vec<u8>>,
+        end: Option<Vec<u8>>,
+        isolation: Isolation,
+        limit: u32,
+    ) -> Result<Vec<Entry>, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             s.usable()?;
@@ -153,7 +198,11 @@ impl Guest for Buffered {
                 return read_range(&s.data, start.as_deref(), end.as_deref(), limit);
             }
             let mut base = CursorIter::expecting(&s.data, start.as_deref(), end.as_deref(), limit)?;
-            let overlay = s.buffer.range(bounds(start, end)).map(|(k, v)| (k.clone(), v.clone()));
+            let overlay = s
+                .buffer
+                .writes
+                .range(bounds(start, end))
+                .map(|(k, v)| (k.clone(), v.clone()));
             let out = merge(&mut base, overlay, limit);
             base.finish()?;
             Ok(out)
@@ -169,7 +218,14 @@ impl Guest for Buffered {
     }
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| s.buffer(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
+        STORE.with(|s| {
+            s.buffer(
+                entries
+                    .into_iter()
+                    .map(|e| (e.key, Some(e.value)))
+                    .collect(),
+            )
+        })
     }
 
     fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -180,18 +236,25 @@ impl Guest for Buffered {
         STORE.with(|s| {
             s.usable()?;
             // Move, not copy, the buffer into the batch: memory stays ~1x.
-            let ops: Vec<Op> = std::mem::take(&mut s.buffer)
+            let ops: Vec<Op> = s
+                .buffer
+                .take()
                 .into_iter()
                 .map(|(key, v)| match v {
                     Some(value) => Op::Put(Entry { key, value }),
                     None => Op::Delete(key),
                 })
                 .collect();
-            s.bytes = 0;
             let result = storage::write(
                 &[
-                    KeyspaceOps { keyspace: &s.data, ops },
-                    KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] },
+                    KeyspaceOps {
+                        keyspace: &s.data,
+                        ops,
+                    },
+                    KeyspaceOps {
+                        keyspace: &s.meta,
+                        ops: vec![put_u64(OFFSET, offset)],
+                    },
                 ],
                 true,
             );
@@ -205,8 +268,55 @@ impl Guest for Buffered {
     }
 
     fn approximate_uncommitted_bytes() -> u64 {
-        STORE.peek(0, |s| s.bytes)
+        STORE.peek(0, |s| s.buffer.bytes)
     }
 }
 
 export_store!(Buffered);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(k: &[u8], len: usize) -> (Vec<u8>, Option<Vec<u8>>) {
+        (k.to_vec(), Some(vec![7; len]))
+    }
+
+    #[test]
+    fn an_overwrite_costs_its_last_value_only() {
+        let mut p = Pending::new(u64::MAX);
+        p.add(vec![put(b"a", 100)]).unwrap();
+        p.add(vec![put(b"a", 10)]).unwrap();
+        p.add(vec![(b"a".to_vec(), None), put(b"b", 5)]).unwrap();
+        assert_eq!(p.bytes, 1 + ENTRY_OVERHEAD + 1 + 5 + ENTRY_OVERHEAD);
+    }
+
+    #[test]
+    fn the_limit_is_the_cost_after_the_batch() {
+        // Exactly at the limit after an overwrite that shrinks a value: taken.
+        let mut p = Pending::new(0);
+        p.add(vec![put(b"a", 1000)]).unwrap();
+        p.limit = cost(b"a", &Some(vec![0; 10])) + cost(b"b", &Some(vec![0; 20]));
+        p.add(vec![put(b"a", 500), put(b"b", 20), put(b"a", 10)])
+            .unwrap();
+        assert_eq!(p.bytes, p.limit);
+        // One byte more: refused, and nothing of the batch applied.
+        let before = (p.writes.clone(), p.bytes);
+        let refused = p.add(vec![put(b"c", 0), put(b"a", 11)]);
+        assert!(matches!(refused, Err(Error::UncommittedLimit(l)) if l == p.limit));
+        assert_eq!((p.writes.clone(), p.bytes), before);
+    }
+
+    #[test]
+    fn an_empty_buffer_takes_a_batch_over_the_limit() {
+        let mut p = Pending::new(100);
+        p.add(vec![put(b"a", 1000)]).unwrap();
+        assert!(matches!(
+            p.add(vec![put(b"b", 1)]),
+            Err(Error::UncommittedLimit(100))
+        ));
+        assert_eq!(p.take().len(), 1);
+        assert_eq!(p.bytes, 0);
+        p.add(vec![put(b"b", 1000)]).unwrap();
+    }
+}

@@ -100,12 +100,17 @@ pub struct Summary {
     /// Calls of each contract function this run made.
     #[serde(default)]
     pub guest_calls: Vec<(String, u64)>,
-    /// Reads compared with the model, recovery's two included.
+    /// Reads compared with the model, recovery's three included (both
+    /// isolation levels and `committed-offset`).
     #[serde(default)]
     pub reads_checked: u64,
     /// Records the guest refused with `uncommitted-limit`.
     #[serde(default)]
     pub limit_refusals: u64,
+    /// What the guest's `transactional` said: false leaves read-committed
+    /// unchecked and allows a wipe.
+    #[serde(default)]
+    pub transactional: bool,
 }
 
 /// The task configuration every conformance run uses.
@@ -298,6 +303,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
         guest_calls,
         reads_checked,
         limit_refusals: stats.limit_refusals,
+        transactional: report.transactional,
     })
 }
 

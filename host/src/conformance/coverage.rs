@@ -41,8 +41,13 @@ pub struct Coverage {
     pub reads_checked: u64,
     /// Records the guest refused with `uncommitted-limit`, each followed by
     /// an early commit (a small `--option` limit makes them happen; the
-    /// task's own 24 KiB threshold commits early without a refusal).
+    /// task's own [`super::child::UNCOMMITTED_MAX_BYTES`] threshold commits
+    /// early without a refusal, so early commits alone prove nothing).
     pub limit_refusals: u64,
+    /// What the guest's `transactional` said in the workload runs: a guest
+    /// that says false is held to less (read-committed reads are not
+    /// compared, and a crash may wipe it), so a pass means less.
+    pub transactional: Option<bool>,
     #[serde(skip)]
     states: BTreeSet<(u64, usize)>,
 }
@@ -58,6 +63,7 @@ impl Coverage {
         self.distinct_recovered_states = self.states.len() as u64;
         self.reads_checked += summary.reads_checked;
         self.limit_refusals += summary.limit_refusals;
+        self.transactional = Some(summary.transactional);
     }
 
     /// Adds the argument classes of a workload the runs executed.
@@ -104,6 +110,11 @@ impl Coverage {
                 }
             ));
         }
+        out.push_str(match self.transactional {
+            Some(true) => "  transactional: yes (read-committed compared with the last commit; no wipe allowed)\n",
+            Some(false) => "  transactional: no (read-committed reads not compared; a crash may wipe the store)\n",
+            None => "",
+        });
         let modes: Vec<&str> = self.modes.iter().copied().collect();
         let guarantees: Vec<&str> = self.guarantees.iter().map(String::as_str).collect();
         out.push_str(&format!(

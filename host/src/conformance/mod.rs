@@ -34,7 +34,7 @@ use anyhow::{bail, Context, Result};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -551,7 +551,7 @@ fn run_all(
     bar: &indicatif::ProgressBar,
 ) -> Result<Vec<CaseResult>> {
     let next = AtomicUsize::new(0);
-    let failed = std::sync::atomic::AtomicBool::new(false);
+    let failed = AtomicBool::new(false);
     let results = Mutex::new(Vec::new());
     let error = Mutex::new(None);
     bar.inc_length(cases.len() as u64);
@@ -768,7 +768,7 @@ pub fn check_guest(
     }
     contract_row.seconds = started.elapsed().as_secs_f64();
     rows.push(contract_row);
-    let stop = |failures: &Vec<Failure>| opts.fail_fast && !failures.is_empty();
+    let stop = |failures: &[Failure]| opts.fail_fast && !failures.is_empty();
 
     // The exploration, once per guarantee: the start-up path differs
     // (under at-least-once a transactional guest recovers from a

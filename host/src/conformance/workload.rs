@@ -139,11 +139,14 @@ fn isolation(rng: &mut Rng) -> Isolation {
 /// guest might use inside: all puts, or (one time in three) all deletes of
 /// the same key family. One run, so one `put-many` or `delete-many` call
 /// when batched (a guest may refuse it with `uncommitted-limit`: it is the
-/// record's first call).
-fn big_record(rng: &mut Rng, step: usize) -> Vec<Record> {
+/// record's first call). A `heavy` one is all puts of 704 to 831 bytes,
+/// more than [`HEAVY_MIN_BYTES`] of keys and values: one call past a limit
+/// that every record of several calls stays under, so a guest's limit is
+/// reached the only way the WIT allows (see `uncommitted-limit`).
+fn big_record(rng: &mut Rng, step: usize, heavy: bool) -> Vec<Record> {
     let n = 1500 + rng.below(2500) as u16;
     let base = rng.below(1000) as u16;
-    let deletes = rng.chance(33);
+    let deletes = !heavy && rng.chance(33);
     (0..n)
         .map(|i| {
             let mut k = b"B".to_vec();
@@ -151,7 +154,11 @@ fn big_record(rng: &mut Rng, step: usize) -> Vec<Record> {
             if deletes {
                 Record::Delete(k)
             } else {
-                let len = rng.below(9) as usize;
+                let len = if heavy {
+                    704 + rng.below(128) as usize
+                } else {
+                    rng.below(9) as usize
+                };
                 let mut v = format!("s{step}").into_bytes();
                 v.extend((0..len).map(|_| rng.below(256) as u8));
                 Record::Put(k, v)
@@ -226,6 +233,37 @@ fn every_class(rng: &mut Rng, written: &mut Vec<Vec<u8>>) -> Vec<Record> {
         .collect()
 }
 
+/// What a heavy record holds at least: past a 1 MiB limit on keys and
+/// values alone, while a record of several calls holds at most four keys
+/// and values of 70,000 and 65,541 bytes (about 540 KB).
+pub const HEAVY_MIN_BYTES: u64 = 1 << 20;
+
+/// Steps every workload of ten or more steps starts with, whatever its seed.
+const PROLOGUE: usize = 5;
+
+/// A key of each class in one record; then, on a store holding nothing
+/// uncommitted (where a guest's estimate has nothing else to hide behind),
+/// one `put` of an empty value, one `put` of a long key and value, and one
+/// `delete`: each function and its edge shapes meets every guest.
+fn prologue(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>) -> Step {
+    match i {
+        0 => Step::Write(every_class(rng, written), Shape::Batched),
+        1 => Step::Commit,
+        2 => Step::Write(
+            vec![Record::Put(b"k01".to_vec(), Vec::new())],
+            Shape::Single,
+        ),
+        3 => {
+            let mut k = vec![b'L'; 256];
+            k.push(rng.below(3) as u8);
+            written.push(k.clone());
+            Step::Write(vec![Record::Put(k, vec![b'v'; 4096])], Shape::Single)
+        }
+        4 => Step::Write(vec![Record::Delete(b"k01".to_vec())], Shape::Single),
+        _ => unreachable!("the prologue has {PROLOGUE} steps"),
+    }
+}
+
 /// A read-uncommitted range by pages of one to three entries, over all
 /// keys or the part before or after the big records' keys (which a small
 /// page would not get past within the child's call budget).
@@ -250,22 +288,46 @@ pub fn generate(seed: u64, len: usize) -> Vec<Step> {
     let mut written = Vec::new();
     (0..len)
         .map(|i| {
+            if len >= 10 && i < PROLOGUE {
+                return prologue(&mut rng, i, &mut written);
+            }
+            // The heavy record comes right after a small write, so that it
+            // meets a guest holding something: the one case where a refusal
+            // is allowed and a retry after the commit must be accepted.
+            let heavy_at = len / 3;
+            if len >= 60 && i + 1 == heavy_at {
+                return Step::Write(
+                    vec![Record::Put(b"k00".to_vec(), value(&mut rng, i))],
+                    Shape::Batched,
+                );
+            }
+            if len >= 60 && i == heavy_at {
+                let records = big_record(&mut rng, i, true);
+                let bytes: usize = records
+                    .iter()
+                    .map(|r| match r {
+                        Record::Put(k, v) => k.len() + v.len(),
+                        Record::Delete(k) => k.len(),
+                    })
+                    .sum();
+                assert!(
+                    bytes as u64 > HEAVY_MIN_BYTES,
+                    "a heavy record of {bytes} bytes"
+                );
+                return Step::Write(records, Shape::Batched);
+            }
             if std::mem::take(&mut commit_next) {
                 return Step::Commit;
             }
             if std::mem::take(&mut scan_next) {
                 return small_page_scan(&mut rng);
             }
-            if i == 0 && len >= 10 {
-                return Step::Write(every_class(&mut rng, &mut written), Shape::Batched);
-            }
             if i % 40 == 0 {
                 commit_percent = [4, 10, 25][rng.below(3) as usize];
             }
             let roll = rng.below(1000);
-            // Every workload of some length holds at least one big record.
-            if roll < 3 || (len >= 60 && i == len / 3) {
-                return Step::Write(big_record(&mut rng, i), Shape::Batched);
+            if roll < 3 {
+                return Step::Write(big_record(&mut rng, i, false), Shape::Batched);
             }
             if roll < 3 + commit_percent * 10 {
                 // Most commits come right after a paged read of what the
