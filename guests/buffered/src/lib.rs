@@ -7,9 +7,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use txstore_guest_kit::{
-    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64,
-    storage, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery,
-    RecoveryAction, Slot,
+    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry,
+    Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -45,11 +44,7 @@ struct Pending {
 
 impl Pending {
     fn new(limit: u64) -> Self {
-        Pending {
-            writes: BTreeMap::new(),
-            bytes: 0,
-            limit,
-        }
+        Pending { writes: BTreeMap::new(), bytes: 0, limit }
     }
 
     /// Adds `batch` in order if the result costs at most the limit, or if
@@ -78,10 +73,7 @@ impl Pending {
             self.writes.insert(k, v);
         }
         debug_assert_eq!(self.bytes, next);
-        debug_assert_eq!(
-            self.bytes,
-            self.writes.iter().map(|(k, v)| cost(k, v)).sum::<u64>()
-        );
+        debug_assert_eq!(self.bytes, self.writes.iter().map(|(k, v)| cost(k, v)).sum::<u64>());
         Ok(())
     }
 
@@ -95,9 +87,7 @@ impl Pending {
 impl Store {
     fn usable(&self) -> Result<(), Error> {
         if self.poisoned {
-            return Err(Error::Other(
-                "a commit failed; recover before using this store".into(),
-            ));
+            return Err(Error::Other("a commit failed; recover before using this store".into()));
         }
         Ok(())
     }
@@ -117,9 +107,7 @@ impl Guest for Buffered {
         for (name, value) in &options {
             if name == "max_uncommitted_bytes" {
                 limit = value.parse().map_err(|_| {
-                    Error::InvalidArgument(format!(
-                        "buffered: max_uncommitted_bytes `{value}` is not a byte count"
-                    ))
+                    Error::InvalidArgument(format!("buffered: max_uncommitted_bytes `{value}` is not a byte count"))
                 })?;
             }
         }
@@ -169,11 +157,7 @@ impl Guest for Buffered {
             if isolation == Isolation::ReadCommitted {
                 return s.data.get_many(&keys);
             }
-            let misses: Vec<Vec<u8>> = keys
-                .iter()
-                .filter(|k| !s.buffer.writes.contains_key(*k))
-                .cloned()
-                .collect();
+            let misses: Vec<Vec<u8>> = keys.iter().filter(|k| !s.buffer.writes.contains_key(*k)).cloned().collect();
             let mut stored = s.data.get_many(&misses)?.into_iter();
             Ok(keys
                 .iter()
@@ -198,11 +182,7 @@ impl Guest for Buffered {
                 return read_range(&s.data, start.as_deref(), end.as_deref(), limit);
             }
             let mut base = CursorIter::expecting(&s.data, start.as_deref(), end.as_deref(), limit)?;
-            let overlay = s
-                .buffer
-                .writes
-                .range(bounds(start, end))
-                .map(|(k, v)| (k.clone(), v.clone()));
+            let overlay = s.buffer.writes.range(bounds(start, end)).map(|(k, v)| (k.clone(), v.clone()));
             let out = merge(&mut base, overlay, limit);
             base.finish()?;
             Ok(out)
@@ -218,14 +198,7 @@ impl Guest for Buffered {
     }
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| {
-            s.buffer(
-                entries
-                    .into_iter()
-                    .map(|e| (e.key, Some(e.value)))
-                    .collect(),
-            )
-        })
+        STORE.with(|s| s.buffer(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
     }
 
     fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -247,14 +220,8 @@ impl Guest for Buffered {
                 .collect();
             let result = storage::write(
                 &[
-                    KeyspaceOps {
-                        keyspace: &s.data,
-                        ops,
-                    },
-                    KeyspaceOps {
-                        keyspace: &s.meta,
-                        ops: vec![put_u64(OFFSET, offset)],
-                    },
+                    KeyspaceOps { keyspace: &s.data, ops },
+                    KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] },
                 ],
                 true,
             );
@@ -297,8 +264,7 @@ mod tests {
         let mut p = Pending::new(0);
         p.add(vec![put(b"a", 1000)]).unwrap();
         p.limit = cost(b"a", &Some(vec![0; 10])) + cost(b"b", &Some(vec![0; 20]));
-        p.add(vec![put(b"a", 500), put(b"b", 20), put(b"a", 10)])
-            .unwrap();
+        p.add(vec![put(b"a", 500), put(b"b", 20), put(b"a", 10)]).unwrap();
         assert_eq!(p.bytes, p.limit);
         // One byte more: refused, and nothing of the batch applied.
         let before = (p.writes.clone(), p.bytes);
@@ -311,10 +277,7 @@ mod tests {
     fn an_empty_buffer_takes_a_batch_over_the_limit() {
         let mut p = Pending::new(100);
         p.add(vec![put(b"a", 1000)]).unwrap();
-        assert!(matches!(
-            p.add(vec![put(b"b", 1)]),
-            Err(Error::UncommittedLimit(100))
-        ));
+        assert!(matches!(p.add(vec![put(b"b", 1)]), Err(Error::UncommittedLimit(100))));
         assert_eq!(p.take().len(), 1);
         assert_eq!(p.bytes, 0);
         p.add(vec![put(b"b", 1000)]).unwrap();

@@ -13,9 +13,7 @@ pub mod bindings {
 }
 
 pub use bindings::export_store;
-pub use bindings::exports::txstore::store::state_store::{
-    Guest, Isolation, Recovery, RecoveryAction,
-};
+pub use bindings::exports::txstore::store::state_store::{Guest, Isolation, Recovery, RecoveryAction};
 pub use bindings::txstore::store::storage::{self, Cursor, Keyspace, KeyspaceOps, Level, Op};
 pub use bindings::txstore::store::types::{Entry, Error};
 
@@ -26,10 +24,7 @@ pub const CURSOR_BATCH: u32 = 1024;
 
 /// Bytes of keys and values in `writes` (a delete counts its key).
 pub fn write_bytes(writes: &[(Vec<u8>, Option<Vec<u8>>)]) -> u64 {
-    writes
-        .iter()
-        .map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64)
-        .sum()
+    writes.iter().map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64).sum()
 }
 
 /// Uncommitted writes held in guest memory until there are enough to hand
@@ -82,10 +77,7 @@ pub fn read_u64(ks: &Keyspace, key: &[u8]) -> Result<Option<u64>, Error> {
 
 /// The put of a big-endian u64, as a batch operation.
 pub fn put_u64(key: &[u8], value: u64) -> Op {
-    Op::Put(Entry {
-        key: key.to_vec(),
-        value: value.to_be_bytes().to_vec(),
-    })
+    Op::Put(Entry { key: key.to_vec(), value: value.to_be_bytes().to_vec() })
 }
 
 /// A storage cursor as an iterator. A storage error ends the iteration
@@ -107,12 +99,7 @@ impl CursorIter {
 
     /// A cursor for a read that wants about `wanted` entries (a range's
     /// limit): its first call fetches that many, later ones more.
-    pub fn expecting(
-        ks: &Keyspace,
-        start: Option<&[u8]>,
-        end: Option<&[u8]>,
-        wanted: u32,
-    ) -> Result<Self, Error> {
+    pub fn expecting(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>, wanted: u32) -> Result<Self, Error> {
         Ok(Self {
             cursor: ks.scan(start, end)?,
             buf: VecDeque::new(),
@@ -188,12 +175,7 @@ pub fn merge(
 }
 
 /// Reads up to `limit` entries of [start, end) from `ks`.
-pub fn read_range(
-    ks: &Keyspace,
-    start: Option<&[u8]>,
-    end: Option<&[u8]>,
-    limit: u32,
-) -> Result<Vec<Entry>, Error> {
+pub fn read_range(ks: &Keyspace, start: Option<&[u8]>, end: Option<&[u8]>, limit: u32) -> Result<Vec<Entry>, Error> {
     let mut it = CursorIter::expecting(ks, start, end, limit)?;
     let out: Vec<Entry> = it.by_ref().take(limit as usize).collect();
     it.finish()?;
@@ -201,45 +183,27 @@ pub fn read_range(
 }
 
 /// `Some(start..end)` bounds as a `BTreeMap` range argument.
-pub fn bounds(
-    start: Option<Vec<u8>>,
-    end: Option<Vec<u8>>,
-) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
+pub fn bounds(start: Option<Vec<u8>>, end: Option<Vec<u8>>) -> (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>) {
     use std::ops::Bound::*;
-    (
-        start.map_or(Unbounded, Included),
-        end.map_or(Unbounded, Excluded),
-    )
+    (start.map_or(Unbounded, Included), end.map_or(Unbounded, Excluded))
 }
 
 /// Checks a range's bounds the way the host does.
 pub fn check_range(start: &Option<Vec<u8>>, end: &Option<Vec<u8>>) -> Result<(), Error> {
     if let (Some(s), Some(e)) = (start, end) {
         if s > e {
-            return Err(Error::InvalidArgument(
-                "range start is after its end".into(),
-            ));
+            return Err(Error::InvalidArgument("range start is after its end".into()));
         }
     }
     Ok(())
 }
 
 /// Refuses every `init` option but those in `known`.
-pub fn check_options(
-    guest: &str,
-    options: &[(String, String)],
-    known: &[&str],
-) -> Result<(), Error> {
+pub fn check_options(guest: &str, options: &[(String, String)], known: &[&str]) -> Result<(), Error> {
     for (name, _) in options {
         if !known.contains(&name.as_str()) {
-            let known = if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            };
-            return Err(Error::InvalidArgument(format!(
-                "{guest}: unknown option `{name}` (known: {known})"
-            )));
+            let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+            return Err(Error::InvalidArgument(format!("{guest}: unknown option `{name}` (known: {known})")));
         }
     }
     Ok(())

@@ -17,9 +17,8 @@
 
 use std::collections::HashSet;
 use txstore_guest_kit::{
-    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage,
-    write_bytes, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending,
-    Recovery, RecoveryAction, Slot,
+    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
+    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot, write_bytes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -57,9 +56,7 @@ fn decode_prior(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
             Ok(Some(stored))
         }
         Some(&ABSENT) if stored.len() == 1 => Ok(None),
-        _ => Err(Error::Corrupt(
-            "undo keyspace holds a value without a valid tag".into(),
-        )),
+        _ => Err(Error::Corrupt("undo keyspace holds a value without a valid tag".into())),
     }
 }
 
@@ -86,17 +83,8 @@ impl Store {
                 fresh.push(k.clone());
             }
         }
-        let priors = if fresh.is_empty() {
-            Vec::new()
-        } else {
-            self.main.get_many(&fresh)?
-        };
-        let undo_ops = fresh.iter().zip(priors).map(|(k, p)| {
-            Op::Put(Entry {
-                key: k.clone(),
-                value: encode_prior(p),
-            })
-        });
+        let priors = if fresh.is_empty() { Vec::new() } else { self.main.get_many(&fresh)? };
+        let undo_ops = fresh.iter().zip(priors).map(|(k, p)| Op::Put(Entry { key: k.clone(), value: encode_prior(p) }));
         let main_ops = writes.into_iter().map(|(key, v)| match v {
             Some(value) => Op::Put(Entry { key, value }),
             None => Op::Delete(key),
@@ -104,14 +92,8 @@ impl Store {
         // One atomic batch: a write is never durable without its undo entry.
         storage::write(
             &[
-                KeyspaceOps {
-                    keyspace: &self.undo,
-                    ops: undo_ops.collect(),
-                },
-                KeyspaceOps {
-                    keyspace: &self.main,
-                    ops: main_ops.collect(),
-                },
+                KeyspaceOps { keyspace: &self.undo, ops: undo_ops.collect() },
+                KeyspaceOps { keyspace: &self.main, ops: main_ops.collect() },
             ],
             false,
         )?;
@@ -134,22 +116,10 @@ impl Store {
             if ops.is_empty() {
                 break;
             }
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &self.main,
-                    ops,
-                }],
-                false,
-            )?;
+            storage::write(&[KeyspaceOps { keyspace: &self.main, ops }], false)?;
         }
         it.finish()?;
-        storage::write(
-            &[KeyspaceOps {
-                keyspace: &self.undo,
-                ops: vec![Op::Clear],
-            }],
-            true,
-        )
+        storage::write(&[KeyspaceOps { keyspace: &self.undo, ops: vec![Op::Clear] }], true)
     }
 
     fn committed_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
@@ -229,12 +199,7 @@ impl Guest for RollBack {
         })
     }
 
-    fn range(
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-        isolation: Isolation,
-        limit: u32,
-    ) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {
@@ -270,14 +235,7 @@ impl Guest for RollBack {
     }
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| {
-            s.write(
-                entries
-                    .into_iter()
-                    .map(|e| (e.key, Some(e.value)))
-                    .collect(),
-            )
-        })
+        STORE.with(|s| s.write(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
     }
 
     fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -289,14 +247,8 @@ impl Guest for RollBack {
             s.flush()?;
             storage::write(
                 &[
-                    KeyspaceOps {
-                        keyspace: &s.undo,
-                        ops: vec![Op::Clear],
-                    },
-                    KeyspaceOps {
-                        keyspace: &s.meta,
-                        ops: vec![put_u64(OFFSET, offset)],
-                    },
+                    KeyspaceOps { keyspace: &s.undo, ops: vec![Op::Clear] },
+                    KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] },
                 ],
                 true,
             )?;

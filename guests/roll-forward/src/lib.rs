@@ -16,9 +16,8 @@
 //! (before any read-uncommitted read and before commit).
 
 use txstore_guest_kit::{
-    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage,
-    write_bytes, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending,
-    Recovery, RecoveryAction, Slot,
+    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
+    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot, write_bytes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -54,9 +53,7 @@ fn untag(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
             Ok(Some(stored))
         }
         Some(&DELETE) if stored.len() == 1 => Ok(None),
-        _ => Err(Error::Corrupt(
-            "temp keyspace holds a value without a valid tag".into(),
-        )),
+        _ => Err(Error::Corrupt("temp keyspace holds a value without a valid tag".into())),
     }
 }
 
@@ -74,24 +71,8 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let ops = self
-            .pending
-            .take()
-            .into_iter()
-            .map(|(key, v)| {
-                Op::Put(Entry {
-                    key,
-                    value: tagged(v),
-                })
-            })
-            .collect();
-        storage::write(
-            &[KeyspaceOps {
-                keyspace: &self.temp,
-                ops,
-            }],
-            false,
-        )
+        let ops = self.pending.take().into_iter().map(|(key, v)| Op::Put(Entry { key, value: tagged(v) })).collect();
+        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops }], false)
     }
 
     /// Step 2: copies `temp` into `main`, 1024 entries per call, then syncs.
@@ -108,13 +89,7 @@ impl Store {
             if ops.is_empty() {
                 break;
             }
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &self.main,
-                    ops,
-                }],
-                false,
-            )?;
+            storage::write(&[KeyspaceOps { keyspace: &self.main, ops }], false)?;
         }
         it.finish()?;
         storage::sync()
@@ -123,18 +98,9 @@ impl Store {
     /// Steps 2-4 for the commit at `offset` whose marker is written.
     fn finish_commit(&mut self, offset: u64) -> Result<(), Error> {
         self.copy_temp_to_main()?;
+        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops: vec![Op::Clear] }], true)?;
         storage::write(
-            &[KeyspaceOps {
-                keyspace: &self.temp,
-                ops: vec![Op::Clear],
-            }],
-            true,
-        )?;
-        storage::write(
-            &[KeyspaceOps {
-                keyspace: &self.meta,
-                ops: vec![put_u64(OFFSET, offset), Op::Delete(MARKER.to_vec())],
-            }],
+            &[KeyspaceOps { keyspace: &self.meta, ops: vec![put_u64(OFFSET, offset), Op::Delete(MARKER.to_vec())] }],
             true,
         )?;
         self.bytes = 0;
@@ -204,12 +170,8 @@ impl Guest for RollForward {
             }
             s.flush()?;
             let staged = s.temp.get_many(&keys)?;
-            let misses: Vec<Vec<u8>> = keys
-                .iter()
-                .zip(&staged)
-                .filter(|(_, t)| t.is_none())
-                .map(|(k, _)| k.clone())
-                .collect();
+            let misses: Vec<Vec<u8>> =
+                keys.iter().zip(&staged).filter(|(_, t)| t.is_none()).map(|(k, _)| k.clone()).collect();
             let mut committed = s.main.get_many(&misses)?.into_iter();
             staged
                 .into_iter()
@@ -221,12 +183,7 @@ impl Guest for RollForward {
         })
     }
 
-    fn range(
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-        isolation: Isolation,
-        limit: u32,
-    ) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             if isolation == Isolation::ReadCommitted {
@@ -234,8 +191,7 @@ impl Guest for RollForward {
             }
             s.flush()?;
             let mut base = CursorIter::expecting(&s.main, start.as_deref(), end.as_deref(), limit)?;
-            let mut staged =
-                CursorIter::expecting(&s.temp, start.as_deref(), end.as_deref(), limit)?;
+            let mut staged = CursorIter::expecting(&s.temp, start.as_deref(), end.as_deref(), limit)?;
             let mut bad = None;
             let overlay = staged.by_ref().map(|e| match untag(e.value) {
                 Ok(v) => (e.key, v),
@@ -260,14 +216,7 @@ impl Guest for RollForward {
     }
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| {
-            s.stage(
-                entries
-                    .into_iter()
-                    .map(|e| (e.key, Some(e.value)))
-                    .collect(),
-            )
-        })
+        STORE.with(|s| s.stage(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
     }
 
     fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
@@ -280,21 +229,9 @@ impl Guest for RollForward {
             if s.bytes == 0 && s.temp.is_empty()? {
                 // Nothing staged: no copy to protect, just the offset.
                 let ops = vec![put_u64(OFFSET, offset)];
-                return storage::write(
-                    &[KeyspaceOps {
-                        keyspace: &s.meta,
-                        ops,
-                    }],
-                    true,
-                );
+                return storage::write(&[KeyspaceOps { keyspace: &s.meta, ops }], true);
             }
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &s.meta,
-                    ops: vec![put_u64(MARKER, offset)],
-                }],
-                true,
-            )?;
+            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(MARKER, offset)] }], true)?;
             s.finish_commit(offset)
         })
     }

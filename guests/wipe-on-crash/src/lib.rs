@@ -7,8 +7,8 @@
 //! whole changelog. This is what Kafka Streams does today under exactly-once.
 
 use txstore_guest_kit::{
-    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, Entry, Error,
-    Guest, Isolation, Keyspace, KeyspaceOps, Level, Op, Recovery, RecoveryAction, Slot,
+    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, Entry, Error, Guest, Isolation,
+    Keyspace, KeyspaceOps, Level, Op, Recovery, RecoveryAction, Slot,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -26,11 +26,7 @@ struct WipeOnCrash;
 impl Guest for WipeOnCrash {
     fn init(options: Vec<(String, String)>) -> Result<(), Error> {
         check_options("wipe-on-crash", &options, &[])?;
-        STORE.set(Store {
-            data: Keyspace::open("data")?,
-            meta: Keyspace::open("meta")?,
-            uncommitted_bytes: 0,
-        });
+        STORE.set(Store { data: Keyspace::open("data")?, meta: Keyspace::open("meta")?, uncommitted_bytes: 0 });
         Ok(())
     }
 
@@ -44,37 +40,19 @@ impl Guest for WipeOnCrash {
             match (checkpointed, stored) {
                 // A checkpoint means the last stop was clean (under exactly-once
                 // the host removes it at start-up): the store holds that state.
-                (Some(c), Some(o)) if o >= c => Ok(Recovery {
-                    offset: Some(c),
-                    action: RecoveryAction::Clean,
-                }),
-                (None, None) if s.data.is_empty()? => Ok(Recovery {
-                    offset: None,
-                    action: RecoveryAction::Clean,
-                }),
+                (Some(c), Some(o)) if o >= c => Ok(Recovery { offset: Some(c), action: RecoveryAction::Clean }),
+                (None, None) if s.data.is_empty()? => Ok(Recovery { offset: None, action: RecoveryAction::Clean }),
                 _ => {
-                    storage::log(
-                        Level::Warn,
-                        "no usable checkpoint: wiping the store for a full replay",
-                    );
+                    storage::log(Level::Warn, "no usable checkpoint: wiping the store for a full replay");
                     storage::write(
                         &[
-                            KeyspaceOps {
-                                keyspace: &s.data,
-                                ops: vec![Op::Clear],
-                            },
-                            KeyspaceOps {
-                                keyspace: &s.meta,
-                                ops: vec![Op::Clear],
-                            },
+                            KeyspaceOps { keyspace: &s.data, ops: vec![Op::Clear] },
+                            KeyspaceOps { keyspace: &s.meta, ops: vec![Op::Clear] },
                         ],
                         true,
                     )?;
                     s.uncommitted_bytes = 0;
-                    Ok(Recovery {
-                        offset: None,
-                        action: RecoveryAction::Wiped,
-                    })
+                    Ok(Recovery { offset: None, action: RecoveryAction::Wiped })
                 }
             }
         })
@@ -88,12 +66,7 @@ impl Guest for WipeOnCrash {
         STORE.with(|s| s.data.get_many(&keys))
     }
 
-    fn range(
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-        _: Isolation,
-        limit: u32,
-    ) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, _: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| read_range(&s.data, start.as_deref(), end.as_deref(), limit))
     }
@@ -116,18 +89,9 @@ impl Guest for WipeOnCrash {
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
         STORE.with(|s| {
-            let bytes: u64 = entries
-                .iter()
-                .map(|e| (e.key.len() + e.value.len()) as u64)
-                .sum();
+            let bytes: u64 = entries.iter().map(|e| (e.key.len() + e.value.len()) as u64).sum();
             let ops = entries.into_iter().map(Op::Put).collect();
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &s.data,
-                    ops,
-                }],
-                false,
-            )?;
+            storage::write(&[KeyspaceOps { keyspace: &s.data, ops }], false)?;
             s.uncommitted_bytes += bytes;
             Ok(())
         })
@@ -137,13 +101,7 @@ impl Guest for WipeOnCrash {
         STORE.with(|s| {
             let bytes: u64 = keys.iter().map(|k| k.len() as u64).sum();
             let ops = keys.into_iter().map(Op::Delete).collect();
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &s.data,
-                    ops,
-                }],
-                false,
-            )?;
+            storage::write(&[KeyspaceOps { keyspace: &s.data, ops }], false)?;
             s.uncommitted_bytes += bytes;
             Ok(())
         })
@@ -152,13 +110,7 @@ impl Guest for WipeOnCrash {
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {
             // The offset and every write before it become durable together.
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &s.meta,
-                    ops: vec![put_u64(OFFSET, offset)],
-                }],
-                true,
-            )?;
+            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(OFFSET, offset)] }], true)?;
             s.uncommitted_bytes = 0;
             Ok(())
         })
