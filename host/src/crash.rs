@@ -214,6 +214,17 @@ static STEP_HITS: AtomicU64 = AtomicU64::new(0);
 static STEP_COUNTS: [AtomicU64; STEPS.len()] = [const { AtomicU64::new(0) }; STEPS.len()];
 static COMMIT_CALLS: AtomicU64 = AtomicU64::new(0);
 static RECOVER_CALLS: AtomicU64 = AtomicU64::new(0);
+/// Storage writes a guest made outside `commit` and `recover` (so in the
+/// open transaction), and their number when the last store commit returned.
+static OPEN_WRITES: AtomicU64 = AtomicU64::new(0);
+static OPEN_WRITES_AT_COMMIT: AtomicU64 = AtomicU64::new(0);
+/// The `after-write` occurrences reached while storage held writes of the
+/// open transaction: the crash points where recovery has something to undo
+/// or finish, which an even spread over all occurrences can miss (a guest
+/// that keeps writes in memory until a read or a batch fills reaches
+/// storage at only some of them). At most [`DIRTY_MAX`] kept.
+static DIRTY_AFTER_WRITES: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+const DIRTY_MAX: usize = 1 << 16;
 
 /// Arms `point` for this process (first call wins). `None` reads the
 /// environment variable.
@@ -245,7 +256,14 @@ fn crash(point: &CrashPoint) -> ! {
     }
     let hooks = FLUSH_HOOKS.lock().unwrap_or_else(|e| e.into_inner());
     if !hooks.is_empty() {
-        eprintln!("txstore: crash point {point} reached: flushing every write, then aborting");
+        // The conformance explorer reads OPEN_WRITES_KEPT: recovery has
+        // writes of the open transaction to remove, so it cannot be clean.
+        let open =
+            OPEN_WRITES.load(Ordering::Relaxed) > OPEN_WRITES_AT_COMMIT.load(Ordering::Relaxed);
+        eprintln!(
+            "txstore: crash point {point} reached: flushing every write{}, then aborting",
+            if open { OPEN_WRITES_KEPT } else { "" }
+        );
         for flush in hooks.iter() {
             flush();
         }
@@ -283,7 +301,22 @@ pub fn power_loss(at: &str, seed: Option<u64>) -> ! {
 /// Marks protocol step `name`; aborts if it is the armed point.
 pub fn step(name: &'static str) {
     let index = STEPS.iter().position(|s| *s == name).expect("unknown step");
-    STEP_COUNTS[index].fetch_add(1, Ordering::Relaxed);
+    let occurrence = STEP_COUNTS[index].fetch_add(1, Ordering::Relaxed) + 1;
+    match name {
+        "after-store-commit" => {
+            OPEN_WRITES_AT_COMMIT.store(OPEN_WRITES.load(Ordering::Relaxed), Ordering::Relaxed)
+        }
+        "after-write"
+            if OPEN_WRITES.load(Ordering::Relaxed)
+                > OPEN_WRITES_AT_COMMIT.load(Ordering::Relaxed) =>
+        {
+            let mut dirty = DIRTY_AFTER_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+            if dirty.len() < DIRTY_MAX {
+                dirty.push(occurrence);
+            }
+        }
+        _ => {}
+    }
     if let Some(
         p @ CrashPoint::Step {
             name: armed,
@@ -327,6 +360,26 @@ pub fn step_counts() -> Vec<(&'static str, u64)> {
         .zip(&STEP_COUNTS)
         .map(|(s, c)| (*s, c.load(Ordering::Relaxed)))
         .collect()
+}
+
+/// What a `+flush` crash prints when storage keeps writes of the open
+/// transaction.
+pub const OPEN_WRITES_KEPT: &str = " (open-transaction writes kept)";
+
+/// Counts one storage write a guest made in `phase`.
+pub fn guest_write(phase: Phase) {
+    if phase == Phase::Other {
+        OPEN_WRITES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The `after-write` occurrences reached with writes of the open
+/// transaction in storage (see [`DIRTY_AFTER_WRITES`]).
+pub fn dirty_after_writes() -> Vec<u64> {
+    DIRTY_AFTER_WRITES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// Storage calls counted so far inside `commit` and inside `recover`.

@@ -111,6 +111,10 @@ pub struct Summary {
     /// unchecked and allows a wipe.
     #[serde(default)]
     pub transactional: bool,
+    /// `after-write` occurrences reached with writes of the open
+    /// transaction in storage ([`crate::crash::dirty_after_writes`]).
+    #[serde(default)]
+    pub dirty_after_writes: Vec<u64>,
 }
 
 /// The task configuration every conformance run uses.
@@ -304,6 +308,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
         reads_checked,
         limit_refusals: stats.limit_refusals,
         transactional: report.transactional,
+        dirty_after_writes: crash::dirty_after_writes(),
     })
 }
 

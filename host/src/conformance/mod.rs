@@ -203,8 +203,11 @@ enum Outcome {
     Finished(child::Summary),
     /// Aborted at its crash point; `choices` is how many things a power
     /// loss there could have kept (0: every seed gives the same state).
+    /// `open_writes`: the crash kept writes the guest made in storage in
+    /// the open transaction (a `+flush` crash after them).
     Crashed {
         choices: u64,
+        open_writes: bool,
     },
     /// Stopped on the injected I/O error, with its error line.
     Stopped(String),
@@ -278,7 +281,11 @@ fn spawn(
             .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
-        return Ok(Outcome::Crashed { choices });
+        let open_writes = stderr.contains(crate::crash::OPEN_WRITES_KEPT);
+        return Ok(Outcome::Crashed {
+            choices,
+            open_writes,
+        });
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     if out.status.code() == Some(child::STOPPED_EXIT) {
@@ -485,11 +492,16 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
             return Ok(result);
         }
     }
+    let mut first_kept_open_writes = false;
     for p in &case.points {
         match spawn(&case.guest, &state, case.seed, case.ops, Some(p), env)? {
-            Outcome::Crashed { choices } => {
+            Outcome::Crashed {
+                choices,
+                open_writes,
+            } => {
                 if result.reached == 0 {
                     result.choices = choices;
+                    first_kept_open_writes = open_writes;
                 }
                 result.reached += 1;
             }
@@ -528,6 +540,24 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
     for (round, label) in ["", " (clean restart)"].iter().enumerate() {
         match spawn(&case.guest, &state, case.seed, case.ops, None, env)? {
             Outcome::Finished(s) => {
+                // Only a first crash that kept open writes and had no
+                // second crash (whose recovery may have removed them).
+                if round == 0
+                    && first_kept_open_writes
+                    && case.points.len() == 1
+                    && s.recovery_action == "clean"
+                {
+                    result.failure = Some(fail(
+                        "recovery after a crash with open writes in storage does not say clean".into(),
+                        format!(
+                            "storage kept writes of the open transaction, but recover reported `clean` (nothing to \
+                             undo), resuming at step {}",
+                            s.resumed_at
+                        ),
+                        &when,
+                    ));
+                    break;
+                }
                 if round == 0 {
                     result.summary = Some(s);
                 }
@@ -653,11 +683,29 @@ fn lossy_points(s: &child::Summary, max: usize) -> Vec<(String, &'static str)> {
             points.push((p, CHECKS[2]));
         }
     }
+    // Where storage holds writes of the open transaction, which an even
+    // spread can miss: up to DIRTY_POINTS more, spread over those.
+    let dirty = &s.dirty_after_writes;
+    for i in spread(dirty.len() as u64, max.min(DIRTY_POINTS)) {
+        let k = dirty[i as usize - 1];
+        let p = if k == 1 {
+            "after-write".to_string()
+        } else {
+            format!("after-write@{k}")
+        };
+        if !points.iter().any(|(q, _)| *q == p) {
+            points.push((p, CHECKS[2]));
+        }
+    }
     for n in spread(s.commit_calls, max) {
         points.push((format!("commit-call:{n}"), CHECKS[3]));
     }
     points
 }
+
+/// The most `after-write` points added where storage holds writes of the
+/// open transaction (each run in every crash mode).
+const DIRTY_POINTS: usize = 8;
 
 /// The injected errors a clean run's summary says can happen: the N-th
 /// call of every kind, spread over up to `max` calls per kind.
@@ -1048,7 +1096,32 @@ pub fn child_main(
 
 #[cfg(test)]
 mod tests {
-    use super::spread;
+    use super::{child, lossy_points, spread, DIRTY_POINTS};
+
+    #[test]
+    fn crash_points_reach_writes_of_the_open_transaction() {
+        // 1,000 after-writes, storage holding open writes at only 500..=520:
+        // an even spread of three misses them all; the dirty points do not.
+        let s = child::Summary {
+            steps: vec![("after-write".into(), 1000)],
+            dirty_after_writes: (500..=520).collect(),
+            ..Default::default()
+        };
+        let points: Vec<String> = lossy_points(&s, 3).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            points,
+            [
+                "after-write",
+                "after-write@500",
+                "after-write@1000",
+                "after-write@510",
+                "after-write@520"
+            ]
+        );
+        // At most DIRTY_POINTS more (fewer where the two spreads meet).
+        let many = lossy_points(&s, 64).len();
+        assert!(many > 64 && many <= 64 + DIRTY_POINTS, "{many}");
+    }
 
     #[test]
     fn spread_keeps_ends_and_bound() {

@@ -239,12 +239,13 @@ fn every_class(rng: &mut Rng, written: &mut Vec<Vec<u8>>) -> Vec<Record> {
 pub const HEAVY_MIN_BYTES: u64 = 1 << 20;
 
 /// Steps every workload of ten or more steps starts with, whatever its seed.
-const PROLOGUE: usize = 5;
+const PROLOGUE: usize = 9;
 
 /// A key of each class in one record; then, on a store holding nothing
 /// uncommitted (where a guest's estimate has nothing else to hide behind),
 /// one `put` of an empty value, one `put` of a long key and value, and one
-/// `delete`: each function and its edge shapes meets every guest.
+/// `delete`; then a transaction of no key or value bytes at all: each
+/// function and its edge shapes meets every guest.
 fn prologue(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>) -> Step {
     match i {
         0 => Step::Write(every_class(rng, written), Shape::Batched),
@@ -260,6 +261,12 @@ fn prologue(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>) -> Step {
             Step::Write(vec![Record::Put(k, vec![b'v'; 4096])], Shape::Single)
         }
         4 => Step::Write(vec![Record::Delete(b"k01".to_vec())], Shape::Single),
+        5 => Step::Commit,
+        // A transaction of zero key and value bytes (the empty key, put
+        // empty by the first record, deleted): it must commit all the same.
+        6 => Step::Write(vec![Record::Delete(Vec::new())], Shape::Single),
+        7 => Step::Commit,
+        8 => Step::Read(Vec::new(), Isolation::ReadCommitted),
         _ => unreachable!("the prologue has {PROLOGUE} steps"),
     }
 }

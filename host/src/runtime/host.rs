@@ -92,6 +92,12 @@ impl GuestState {
         crash::storage_call(self.phase);
     }
 
+    /// Counts a call that changes storage (and `count`s it).
+    fn count_write(&self) {
+        self.count();
+        crash::guest_write(self.phase);
+    }
+
     fn ks(&self, r: &Resource<KeyspaceRes>) -> wasmtime::Result<KeyspaceId> {
         Ok(self.table.get(r)?.id)
     }
@@ -155,13 +161,13 @@ impl HostKeyspace for GuestState {
     }
 
     fn put(&mut self, this: Resource<KeyspaceRes>, key: Vec<u8>, value: Vec<u8>) -> R<()> {
-        self.count();
+        self.count_write();
         let ks = self.ks(&this)?;
         wit(self.storage.put(ks, &key, &value))
     }
 
     fn delete(&mut self, this: Resource<KeyspaceRes>, key: Vec<u8>) -> R<()> {
-        self.count();
+        self.count_write();
         let ks = self.ks(&this)?;
         wit(self.storage.delete(ks, &key))
     }
@@ -181,13 +187,13 @@ impl HostKeyspace for GuestState {
     }
 
     fn delete_range(&mut self, this: Resource<KeyspaceRes>, start: Vec<u8>, end: Vec<u8>) -> R<()> {
-        self.count();
+        self.count_write();
         let ks = self.ks(&this)?;
         wit(self.storage.delete_range(ks, &start, &end))
     }
 
     fn clear(&mut self, this: Resource<KeyspaceRes>) -> R<()> {
-        self.count();
+        self.count_write();
         let ks = self.ks(&this)?;
         wit(self.storage.clear(ks))
     }
@@ -224,7 +230,7 @@ impl HostCursor for GuestState {
 
 impl Host for GuestState {
     fn write(&mut self, batch: Vec<KeyspaceOps>, sync: bool) -> R<()> {
-        self.count();
+        self.count_write();
         let mut ops = Vec::with_capacity(batch.len());
         for group in batch {
             let ks = self.ks(&group.keyspace)?;
@@ -254,7 +260,7 @@ impl Host for GuestState {
     }
 
     fn restore_snapshot(&mut self, name: String) -> R<()> {
-        self.count();
+        self.count_write();
         wit(self.storage.restore_snapshot(&name))
     }
 
