@@ -24,7 +24,7 @@
 //!   4 KiB pages written since the last fsync (others zero or old), and a
 //!   random prefix of the unsynced storage write batches.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The protocol steps, in the order one commit reaches them.
@@ -36,6 +36,10 @@ pub const STEPS: &[&str] = &[
     "after-store-commit",
     "after-checkpoint",
     "during-restore",
+    // Recovery has returned and its caller acts on it (the conformance
+    // child records the recovered position as acknowledged): whatever
+    // recovery trusted must be durable by now.
+    "after-recovery",
     // A clean shutdown has returned (checkpoint written): a crash here must
     // not turn it into an unclean one.
     "after-close",
@@ -225,6 +229,9 @@ static OPEN_WRITES_AT_COMMIT: AtomicU64 = AtomicU64::new(0);
 /// storage at only some of them). At most [`DIRTY_MAX`] kept.
 static DIRTY_AFTER_WRITES: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
 const DIRTY_MAX: usize = 1 << 16;
+/// Set by the conformance child only: `txstore run` keeps no open-write
+/// bookkeeping on its per-record path.
+static TRACK_OPEN_WRITES: AtomicBool = AtomicBool::new(false);
 
 /// Arms `point` for this process (first call wins). `None` reads the
 /// environment variable.
@@ -302,20 +309,8 @@ pub fn power_loss(at: &str, seed: Option<u64>) -> ! {
 pub fn step(name: &'static str) {
     let index = STEPS.iter().position(|s| *s == name).expect("unknown step");
     let occurrence = STEP_COUNTS[index].fetch_add(1, Ordering::Relaxed) + 1;
-    match name {
-        "after-store-commit" => {
-            OPEN_WRITES_AT_COMMIT.store(OPEN_WRITES.load(Ordering::Relaxed), Ordering::Relaxed)
-        }
-        "after-write"
-            if OPEN_WRITES.load(Ordering::Relaxed)
-                > OPEN_WRITES_AT_COMMIT.load(Ordering::Relaxed) =>
-        {
-            let mut dirty = DIRTY_AFTER_WRITES.lock().unwrap_or_else(|e| e.into_inner());
-            if dirty.len() < DIRTY_MAX {
-                dirty.push(occurrence);
-            }
-        }
-        _ => {}
+    if TRACK_OPEN_WRITES.load(Ordering::Relaxed) {
+        track_open_writes(name, occurrence);
     }
     if let Some(
         p @ CrashPoint::Step {
@@ -366,9 +361,28 @@ pub fn step_counts() -> Vec<(&'static str, u64)> {
 /// transaction.
 pub const OPEN_WRITES_KEPT: &str = " (open-transaction writes kept)";
 
-/// Counts one storage write a guest made in `phase`.
+/// Turns on the open-write bookkeeping below (conformance children).
+pub fn track_open_writes_from_now() {
+    TRACK_OPEN_WRITES.store(true, Ordering::Relaxed);
+}
+
+fn track_open_writes(step: &str, occurrence: u64) {
+    let open = OPEN_WRITES.load(Ordering::Relaxed);
+    match step {
+        "after-store-commit" => OPEN_WRITES_AT_COMMIT.store(open, Ordering::Relaxed),
+        "after-write" if open > OPEN_WRITES_AT_COMMIT.load(Ordering::Relaxed) => {
+            let mut dirty = DIRTY_AFTER_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+            if dirty.len() < DIRTY_MAX {
+                dirty.push(occurrence);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Counts one storage write a guest made in `phase` (when tracking).
 pub fn guest_write(phase: Phase) {
-    if phase == Phase::Other {
+    if phase == Phase::Other && TRACK_OPEN_WRITES.load(Ordering::Relaxed) {
         OPEN_WRITES.fetch_add(1, Ordering::Relaxed);
     }
 }

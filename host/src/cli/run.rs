@@ -77,6 +77,7 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
 
 fn open(config: &Config, runtime: &Runtime, quiet: bool) -> Result<(Task, RecoveryReport)> {
     let (task, report) = Task::open(config, runtime)?;
+    crash::step("after-recovery");
     if !quiet {
         eprintln!(
             "recovered: {} to offset {} ({}), replayed {} records",

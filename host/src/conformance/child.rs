@@ -179,6 +179,7 @@ fn diff(got: &[(Vec<u8>, Vec<u8>)], want: &[(Vec<u8>, Vec<u8>)]) -> Option<Strin
 /// Runs `steps` on the store in `dir` from wherever its changelog says it
 /// stands. Returns what it saw, or the first violation.
 pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary, Violation> {
+    crash::track_open_writes_from_now();
     let dir = &config.state_dir();
     let acked = read_acked(dir);
     // The first start after a clean shutdown checks its checkpoint; a start
@@ -224,6 +225,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
             closed_at: None,
         },
     );
+    crash::step("after-recovery");
     if done > steps.len() {
         return Err(violation(
             "committed state",

@@ -651,7 +651,9 @@ fn first_points(s: &child::Summary, max: usize, modes: &[String]) -> Vec<(String
 /// After an abort inside the changelog's fsync, the page cache still holds
 /// a commit frame that is not durable. The next start must make what it
 /// trusts durable before a store commit or the resumed input depends on
-/// it: a power loss once it runs again tells.
+/// it: a power loss right after recovery returns tells. (Not at the next
+/// write: a workload step that commits first would sync the frame and hide
+/// a recovery that never did.)
 fn after_restart_points(s: &child::Summary, max: usize) -> Vec<Vec<String>> {
     let count = s
         .steps
@@ -666,7 +668,7 @@ fn after_restart_points(s: &child::Summary, max: usize) -> Vec<Vec<String>> {
             } else {
                 format!("before-changelog-sync@{k}")
             };
-            vec![first, "after-write+power".to_string()]
+            vec![first, "after-recovery+power".to_string()]
         })
         .collect()
 }
