@@ -239,13 +239,23 @@ fn every_class(rng: &mut Rng, written: &mut Vec<Vec<u8>>) -> Vec<Record> {
 pub const HEAVY_MIN_BYTES: u64 = 1 << 20;
 
 /// Steps every workload of ten or more steps starts with, whatever its seed.
-const PROLOGUE: usize = 9;
+const PROLOGUE: usize = 14;
+
+/// Entries of the prologue's second write of one key: past any batch a
+/// guest might flush by (roll-back flushes 256 at a time).
+const FLUSHING_ENTRIES: u16 = 300;
 
 /// A key of each class in one record; then, on a store holding nothing
 /// uncommitted (where a guest's estimate has nothing else to hide behind),
 /// one `put` of an empty value, one `put` of a long key and value, and one
 /// `delete`; then a transaction of no key or value bytes at all: each
-/// function and its edge shapes meets every guest.
+/// function and its edge shapes meets every guest. Last, one committed key
+/// written twice in one transaction, with a read-uncommitted read between
+/// (which makes a guest that writes through flush the first write) and the
+/// second write in a record large enough to be flushed by itself. A
+/// read-committed read, and a crash right after that record, must find the
+/// committed value, not the first write (as an undo log that saves a prior
+/// again on a second flush would).
 fn prologue(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>) -> Step {
     match i {
         0 => Step::Write(every_class(rng, written), Shape::Batched),
@@ -267,6 +277,20 @@ fn prologue(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>) -> Step {
         6 => Step::Write(vec![Record::Delete(Vec::new())], Shape::Single),
         7 => Step::Commit,
         8 => Step::Read(Vec::new(), Isolation::ReadCommitted),
+        9 => Step::Write(vec![Record::Put(vec![0xfe], b"p9:first".to_vec())], Shape::Single),
+        10 => Step::Read(vec![0xfe], Isolation::ReadUncommitted),
+        11 => {
+            let mut records = vec![Record::Put(vec![0xfe], b"p11:second".to_vec())];
+            // Between the big records' keys (`B` and two bytes, below 0x14)
+            // and `C`: outside the small-page scans' ranges.
+            records.extend((0..FLUSHING_ENTRIES).map(|i| {
+                let [hi, lo] = i.to_be_bytes();
+                Record::Put(vec![b'B', 0xff, hi, lo], vec![lo])
+            }));
+            Step::Write(records, Shape::Batched)
+        }
+        12 => Step::Read(vec![0xfe], Isolation::ReadCommitted),
+        13 => Step::Commit,
         _ => unreachable!("the prologue has {PROLOGUE} steps"),
     }
 }
