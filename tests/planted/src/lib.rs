@@ -15,6 +15,45 @@ struct Store {
     temp: Keyspace,
     meta: Keyspace,
     uncommitted: u64,
+    /// Writes not yet in `temp` (feature `lazy-temp-kept` only).
+    pending: Vec<Op>,
+}
+
+/// Writes held in memory before they go to `temp` (`lazy-temp-kept`).
+const LAZY: bool = cfg!(feature = "lazy-temp-kept");
+const FLUSH_AT: usize = 256;
+
+/// Sends held writes to `temp`.
+fn flush(s: &mut Store) -> Result<(), Error> {
+    if s.pending.is_empty() {
+        return Ok(());
+    }
+    let ops = std::mem::take(&mut s.pending);
+    storage::write(
+        &[KeyspaceOps {
+            keyspace: &s.temp,
+            ops,
+        }],
+        false,
+    )
+}
+
+/// Stages `ops` for `temp`: at once, or held (`lazy-temp-kept`).
+fn stage(s: &mut Store, ops: Vec<Op>) -> Result<(), Error> {
+    if !LAZY {
+        return storage::write(
+            &[KeyspaceOps {
+                keyspace: &s.temp,
+                ops,
+            }],
+            false,
+        );
+    }
+    s.pending.extend(ops);
+    if s.pending.len() >= FLUSH_AT {
+        flush(s)?;
+    }
+    Ok(())
 }
 
 thread_local! {
@@ -121,7 +160,10 @@ fn clear_temp(s: &Store) -> Result<(), Error> {
     )
 }
 
-fn read(s: &Store, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+fn read(s: &mut Store, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+    if isolation == Isolation::ReadUncommitted {
+        flush(s)?;
+    }
     let key = &stored_key(key)[..];
     let see_temp =
         isolation == Isolation::ReadUncommitted || cfg!(feature = "leaky-read-committed");
@@ -145,6 +187,7 @@ impl Guest for Planted {
             temp: Keyspace::open("temp")?,
             meta: Keyspace::open("meta")?,
             uncommitted: 0,
+            pending: Vec::new(),
         };
         STORE.with(|s| *s.borrow_mut() = Some(store));
         Ok(())
@@ -157,6 +200,7 @@ impl Guest for Planted {
     fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
         with(|s| {
             s.uncommitted = 0;
+            s.pending.clear();
             if cfg!(feature = "wipe-keeps-checkpoint") {
                 for ks in [&s.main, &s.temp, &s.meta] {
                     ks.clear()?;
@@ -189,11 +233,15 @@ impl Guest for Planted {
                     action: RecoveryAction::RolledForward,
                 });
             }
-            clear_temp(s)?;
+            if !LAZY {
+                clear_temp(s)?;
+            }
             let stored = offset(&s.meta, b"offset")?;
             Ok(Recovery {
                 offset: stored,
-                action: if checkpointed.is_some() && checkpointed == stored {
+                action: if cfg!(feature = "clean-after-discard")
+                    || (checkpointed.is_some() && checkpointed == stored)
+                {
                     RecoveryAction::Clean
                 } else {
                     RecoveryAction::Discarded
@@ -236,6 +284,9 @@ impl Guest for Planted {
             limit
         };
         with(|s| {
+            if isolation == Isolation::ReadUncommitted {
+                flush(s)?;
+            }
             let committed = all(&s.main, start.as_deref(), end.as_deref())?;
             let early = cfg!(feature = "range-limit-before-merge")
                 && isolation == Isolation::ReadUncommitted;
@@ -311,49 +362,58 @@ impl Guest for Planted {
                     })
                 })
                 .collect();
-            storage::write(
-                &[KeyspaceOps {
-                    keyspace: &s.temp,
-                    ops,
-                }],
-                false,
-            )
+            stage(s, ops)
         })
     }
 
     fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
         with(|s| {
             s.uncommitted += keys.iter().map(|k| k.len() as u64).sum::<u64>();
-            let (keyspace, ops) = if BUGGY_WRITES {
-                (&s.main, keys.into_iter().map(Op::Delete).collect())
-            } else {
-                (
-                    &s.temp,
-                    keys.into_iter()
-                        .map(|key| {
-                            Op::Put(Entry {
-                                key: stored_key(&key),
-                                value: vec![0],
-                            })
-                        })
-                        .collect(),
-                )
-            };
-            storage::write(&[KeyspaceOps { keyspace, ops }], BUGGY_WRITES)
+            if BUGGY_WRITES {
+                let ops = keys.into_iter().map(Op::Delete).collect();
+                return storage::write(
+                    &[KeyspaceOps {
+                        keyspace: &s.main,
+                        ops,
+                    }],
+                    true,
+                );
+            }
+            let ops = keys
+                .into_iter()
+                .map(|key| {
+                    Op::Put(Entry {
+                        key: stored_key(&key),
+                        value: vec![0],
+                    })
+                })
+                .collect();
+            stage(s, ops)
         })
     }
 
     fn commit(offset: u64) -> Result<(), Error> {
         with(|s| {
+            if cfg!(feature = "zero-bytes-skip-copy") && s.uncommitted == 0 {
+                // "Nothing written": but a delete of the empty key is.
+                return finish(s, offset);
+            }
             let marker = vec![Op::Put(Entry {
                 key: b"marker".to_vec(),
                 value: offset.to_be_bytes().to_vec(),
             })];
+            // Held writes go in with the marker, in one atomic batch.
             storage::write(
-                &[KeyspaceOps {
-                    keyspace: &s.meta,
-                    ops: marker,
-                }],
+                &[
+                    KeyspaceOps {
+                        keyspace: &s.temp,
+                        ops: std::mem::take(&mut s.pending),
+                    },
+                    KeyspaceOps {
+                        keyspace: &s.meta,
+                        ops: marker,
+                    },
+                ],
                 true,
             )?;
             copy(s)?;
