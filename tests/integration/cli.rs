@@ -367,3 +367,43 @@ fn another_input_is_refused_and_a_grown_one_resumes_exactly() {
     ok(&txstore(&["run", "--config", c]));
     assert_eq!(shell_count(&input), store_counts(&config));
 }
+
+/// `bench --option` reaches every measured guest's `init` (an option the
+/// guest does not know stops the run with one line naming it), and the
+/// report records what the guests were given.
+#[test]
+fn bench_passes_guest_options() {
+    let base = [
+        "bench",
+        "--keys",
+        "3000",
+        "--reads",
+        "200",
+        "--recovery-sizes",
+        "1000",
+        "--runs",
+        "1",
+        "--guests",
+        "buffered",
+        "--format",
+        "json",
+    ];
+    let with = |option: &str| {
+        let mut args = base.to_vec();
+        args.extend(["--option", option]);
+        txstore(&args)
+    };
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(&with("max_uncommitted_bytes=65536"))).unwrap();
+    assert_eq!(
+        report["guest_options"],
+        serde_json::json!([["max_uncommitted_bytes", "65536"]]),
+        "{report}"
+    );
+    let out = with("no_such_option=1");
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("no_such_option"), "{err}");
+}

@@ -43,6 +43,8 @@ pub struct Options {
     /// median reported (the machine is noisy).
     pub runs: usize,
     pub progress: bool,
+    /// Passed to every measured guest's `init` (`--option k=v`).
+    pub guest_options: Vec<(String, String)>,
 }
 
 /// One target's figures (the native baseline or a guest).
@@ -73,6 +75,8 @@ pub struct Report {
     pub cores: usize,
     /// Runs per figure (medians).
     pub runs: usize,
+    /// What every guest's `init` was given.
+    pub guest_options: Vec<(String, String)>,
     pub native: Figures,
     pub guests: Vec<Figures>,
 }
@@ -178,6 +182,7 @@ impl Zipf {
 fn open_target(
     runtime: &Runtime,
     guest: Option<&str>,
+    options: &[(String, String)],
     dir: &Path,
 ) -> Result<(Target, Option<u64>)> {
     let backend = RocksBackend::open(dir)?;
@@ -190,7 +195,7 @@ fn open_target(
         Some(g) => {
             let component = runtime.load(&GuestSource::parse(g))?;
             let mut s = component.instantiate(storage, "bench", &Limits::default())?;
-            s.init(&[])?;
+            s.init(options)?;
             s.recover(None)?;
             (Target::Guest(s), None)
         }
@@ -214,13 +219,14 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 fn write_phase(
     runtime: &Runtime,
     guest: Option<&str>,
+    options: &[(String, String)],
     dir: &Path,
     keys: u64,
     commit_every: u64,
     zipf: Option<&Zipf>,
     bar: &indicatif::ProgressBar,
 ) -> Result<(f64, Vec<Duration>, Target)> {
-    let (mut target, _) = open_target(runtime, guest, dir)?;
+    let (mut target, _) = open_target(runtime, guest, options, dir)?;
     let value = vec![0x5a; VALUE_LEN];
     let mut rng = Rng::new(keys);
     let (mut offset, mut commits) = (0u64, Vec::new());
@@ -263,6 +269,7 @@ fn measure(
     let (rate, _, zipf_target) = write_phase(
         runtime,
         guest,
+        &opts.guest_options,
         &dir.path().join("zipf"),
         opts.keys,
         commit_every,
@@ -274,6 +281,7 @@ fn measure(
     let (rate, commits, mut target) = write_phase(
         runtime,
         guest,
+        &opts.guest_options,
         &dir.path().join("uniform"),
         opts.keys,
         commit_every,
@@ -337,8 +345,11 @@ fn load_times(guest: &str) -> Result<(f64, f64, f64)> {
 }
 
 /// The task config of a recovery measurement.
-fn recovery_config(guest: &str, dir: &Path, commit_every: u64) -> Config {
+fn recovery_config(guest: &str, options: &[(String, String)], dir: &Path, commit_every: u64) -> Config {
     let mut config = Config::new(guest, dir);
+    for (k, v) in options {
+        config.store.options.insert(k.clone(), toml::Value::String(v.clone()));
+    }
     config.task.guarantee = Guarantee::ExactlyOnce;
     config.task.commit_interval_records = commit_every;
     config.task.commit_interval_ms = u64::MAX;
@@ -358,11 +369,12 @@ fn recovery_crash_point(keys: u64, txn: u64) -> String {
 pub fn recovery_child(
     runtime: &Runtime,
     guest: &str,
+    options: &[(String, String)],
     dir: &Path,
     keys: u64,
     txn: u64,
 ) -> Result<()> {
-    let config = recovery_config(guest, dir, txn);
+    let config = recovery_config(guest, options, dir, txn);
     let (mut task, _) = Task::open(&config, runtime)?;
     let value = vec![0x5a; VALUE_LEN];
     for i in 0..keys {
@@ -381,7 +393,13 @@ pub fn recovery_child(
 }
 
 /// Parent side: runs the child, then times the next open.
-fn recovery_time(runtime: &Runtime, guest: &str, keys: u64, txn: u64) -> Result<(f64, String)> {
+fn recovery_time(
+    runtime: &Runtime,
+    guest: &str,
+    options: &[(String, String)],
+    keys: u64,
+    txn: u64,
+) -> Result<(f64, String)> {
     let dir = tempfile::tempdir()?;
     let exe = std::env::current_exe()?;
     let out = std::process::Command::new(exe)
@@ -396,6 +414,7 @@ fn recovery_time(runtime: &Runtime, guest: &str, keys: u64, txn: u64) -> Result<
             "--dir",
         ])
         .arg(dir.path())
+        .args(options.iter().flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]))
         .env(crate::crash::ENV, recovery_crash_point(keys, txn))
         .output()
         .context("cannot start the recovery child")?;
@@ -405,7 +424,7 @@ fn recovery_time(runtime: &Runtime, guest: &str, keys: u64, txn: u64) -> Result<
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let config = recovery_config(guest, dir.path(), txn);
+    let config = recovery_config(guest, options, dir.path(), txn);
     let (task, report) = Task::open(&config, runtime)?;
     drop(task);
     Ok((report.elapsed.as_secs_f64(), report.action))
@@ -433,6 +452,7 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
             let (rate, _, _) = write_phase(
                 runtime,
                 None,
+                &[],
                 dir.path(),
                 probe,
                 u64::MAX,
@@ -455,7 +475,7 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
             let mut times = Vec::new();
             let mut action = String::new();
             for _ in 0..opts.runs.max(1) {
-                let (secs, a) = recovery_time(runtime, &f.target, size, txn)?;
+                let (secs, a) = recovery_time(runtime, &f.target, &opts.guest_options, size, txn)?;
                 times.push(secs);
                 action = a;
             }
@@ -469,6 +489,7 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
         commit_every,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         runs: opts.runs.max(1),
+        guest_options: opts.guest_options.clone(),
         native,
         guests,
     })

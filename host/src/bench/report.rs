@@ -21,10 +21,19 @@ fn opt(v: Option<f64>, unit: &str) -> String {
 pub fn markdown(r: &Report) -> String {
     let n = &r.native;
     let mut out = format!(
-        "{} keys of 16 bytes, 100-byte values, a commit every {} records, {} cores, medians of {} runs\n\n\
+        "{} keys of 16 bytes, 100-byte values, a commit every {} records, {} cores, medians of {} runs{}\n\n\
          | store | write uniform | × native | write zipf | × native | read committed | read uncommitted | scan | commit p50 | commit p99 | load cold | load cached | instantiate | guest memory |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        r.keys, r.commit_every, r.cores, r.runs
+        r.keys,
+        r.commit_every,
+        r.cores,
+        r.runs,
+        if r.guest_options.is_empty() {
+            String::new()
+        } else {
+            let o: Vec<String> = r.guest_options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!(", guest options {}", o.join(" "))
+        }
     );
     for f in std::iter::once(n).chain(&r.guests) {
         out.push_str(&format!(

@@ -215,6 +215,11 @@ enum Command {
         /// Write throughput.svg and recovery.svg into this directory.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
+        /// An option for every measured guest's `init`, as `key=value`
+        /// (repeatable; pair it with `--guests`, since a guest refuses
+        /// options it does not know).
+        #[arg(long = "option", value_name = "KEY=VALUE", value_parser = parse_option)]
+        options: Vec<(String, String)>,
     },
     /// One recovery measurement's loader (started by `bench`).
     #[command(hide = true)]
@@ -227,6 +232,8 @@ enum Command {
         keys: u64,
         #[arg(long)]
         txn: u64,
+        #[arg(long = "option", value_parser = parse_option)]
+        options: Vec<(String, String)>,
     },
     /// One conformance run in this process (started by `conformance`).
     #[command(hide = true)]
@@ -382,6 +389,7 @@ pub fn main(cli: Cli) -> Result<()> {
             format,
             json,
             plot,
+            options,
         } => {
             let guests = if guests.is_empty() {
                 txstore_artifacts::names().map(str::to_string).collect()
@@ -396,6 +404,7 @@ pub fn main(cli: Cli) -> Result<()> {
                 recovery_sizes,
                 runs,
                 progress: std::io::stderr().is_terminal(),
+                guest_options: options,
             };
             let runtime = Runtime::new(crate::config::default_cache_dir())?;
             let report = crate::bench::run(&runtime, &opts)?;
@@ -417,9 +426,10 @@ pub fn main(cli: Cli) -> Result<()> {
             dir,
             keys,
             txn,
+            options,
         } => {
             let runtime = Runtime::new(crate::config::default_cache_dir())?;
-            crate::bench::recovery_child(&runtime, &guest, &dir, keys, txn)
+            crate::bench::recovery_child(&runtime, &guest, &options, &dir, keys, txn)
         }
         Command::ConformanceChild {
             guest,
