@@ -345,10 +345,18 @@ fn load_times(guest: &str) -> Result<(f64, f64, f64)> {
 }
 
 /// The task config of a recovery measurement.
-fn recovery_config(guest: &str, options: &[(String, String)], dir: &Path, commit_every: u64) -> Config {
+fn recovery_config(
+    guest: &str,
+    options: &[(String, String)],
+    dir: &Path,
+    commit_every: u64,
+) -> Config {
     let mut config = Config::new(guest, dir);
     for (k, v) in options {
-        config.store.options.insert(k.clone(), toml::Value::String(v.clone()));
+        config
+            .store
+            .options
+            .insert(k.clone(), toml::Value::String(v.clone()));
     }
     config.task.guarantee = Guarantee::ExactlyOnce;
     config.task.commit_interval_records = commit_every;
@@ -414,7 +422,11 @@ fn recovery_time(
             "--dir",
         ])
         .arg(dir.path())
-        .args(options.iter().flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]))
+        .args(
+            options
+                .iter()
+                .flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]),
+        )
         .env(crate::crash::ENV, recovery_crash_point(keys, txn))
         .output()
         .context("cannot start the recovery child")?;

@@ -277,7 +277,10 @@ fn prologue(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>) -> Step {
         6 => Step::Write(vec![Record::Delete(Vec::new())], Shape::Single),
         7 => Step::Commit,
         8 => Step::Read(Vec::new(), Isolation::ReadCommitted),
-        9 => Step::Write(vec![Record::Put(vec![0xfe], b"p9:first".to_vec())], Shape::Single),
+        9 => Step::Write(
+            vec![Record::Put(vec![0xfe], b"p9:first".to_vec())],
+            Shape::Single,
+        ),
         10 => Step::Read(vec![0xfe], Isolation::ReadUncommitted),
         11 => {
             let mut records = vec![Record::Put(vec![0xfe], b"p11:second".to_vec())];
