@@ -222,6 +222,13 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// The `--option key=value` arguments that hand `options` to a child process.
+pub fn option_args(options: &[(String, String)]) -> impl Iterator<Item = String> + '_ {
+    options
+        .iter()
+        .flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")])
+}
+
 impl Config {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Self> {
@@ -357,6 +364,15 @@ impl Config {
             .as_ref()
             .map(|p| self.resolve(p))
             .or_else(default_cache_dir)
+    }
+
+    /// Adds `init` options given as `key=value` on a command line.
+    pub fn add_init_options(&mut self, options: &[(String, String)]) {
+        for (k, v) in options {
+            self.store
+                .options
+                .insert(k.clone(), toml::Value::String(v.clone()));
+        }
     }
 
     /// The `init` options as strings.

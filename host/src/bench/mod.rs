@@ -352,12 +352,7 @@ fn recovery_config(
     commit_every: u64,
 ) -> Config {
     let mut config = Config::new(guest, dir);
-    for (k, v) in options {
-        config
-            .store
-            .options
-            .insert(k.clone(), toml::Value::String(v.clone()));
-    }
+    config.add_init_options(options);
     config.task.guarantee = Guarantee::ExactlyOnce;
     config.task.commit_interval_records = commit_every;
     config.task.commit_interval_ms = u64::MAX;
@@ -422,11 +417,7 @@ fn recovery_time(
             "--dir",
         ])
         .arg(dir.path())
-        .args(
-            options
-                .iter()
-                .flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]),
-        )
+        .args(crate::config::option_args(options))
         .env(crate::crash::ENV, recovery_crash_point(keys, txn))
         .output()
         .context("cannot start the recovery child")?;

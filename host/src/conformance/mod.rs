@@ -252,11 +252,7 @@ fn spawn(
     ])
     .arg(dir)
     .args(["--guarantee", &env.guarantee.to_string()])
-    .args(
-        env.guest_options
-            .iter()
-            .flat_map(|(k, v)| ["--option".to_string(), format!("{k}={v}")]),
-    )
+    .args(crate::config::option_args(env.guest_options))
     .env_remove(crate::crash::ENV)
     .env_remove(crate::fault::ENV)
     .env_remove(crate::file::power::ENV);
@@ -1069,12 +1065,7 @@ pub fn child_main(
     let steps = workload::generate(seed, ops);
     let mut config = child::config(guest, dir, kafka);
     config.task.guarantee = guarantee;
-    for (k, v) in options {
-        config
-            .store
-            .options
-            .insert(k.clone(), toml::Value::String(v.clone()));
-    }
+    config.add_init_options(options);
     match child::run(runtime, &config, &steps) {
         Ok(summary) => {
             println!("{}", serde_json::json!({ "summary": summary }));

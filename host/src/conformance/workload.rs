@@ -241,8 +241,8 @@ pub const HEAVY_MIN_BYTES: u64 = 1 << 20;
 /// Steps every workload of ten or more steps starts with, whatever its seed.
 const PROLOGUE: usize = 14;
 
-/// Entries of the prologue's second write of one key: past any batch a
-/// guest might flush by (roll-back flushes 256 at a time).
+/// Entries of the prologue's second write of one key: past roll-back's
+/// flush of 256 held writes, so that record is flushed by itself.
 const FLUSHING_ENTRIES: u16 = 300;
 
 /// A key of each class in one record; then, on a store holding nothing

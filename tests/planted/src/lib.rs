@@ -40,17 +40,8 @@ fn flush(s: &mut Store) -> Result<(), Error> {
 
 /// Stages `ops` for `temp`: at once, or held (`lazy-temp-kept`).
 fn stage(s: &mut Store, ops: Vec<Op>) -> Result<(), Error> {
-    if !LAZY {
-        return storage::write(
-            &[KeyspaceOps {
-                keyspace: &s.temp,
-                ops,
-            }],
-            false,
-        );
-    }
     s.pending.extend(ops);
-    if s.pending.len() >= FLUSH_AT {
+    if !LAZY || s.pending.len() >= FLUSH_AT {
         flush(s)?;
     }
     Ok(())
