@@ -43,6 +43,15 @@ pub const STEPS: &[&str] = &[
     // A clean shutdown has returned (checkpoint written): a crash here must
     // not turn it into an unclean one.
     "after-close",
+    // `txstore migrate` (task::migrate): the new store is filled but not
+    // yet checked; it is checked and its manifest written; the commit
+    // point has passed; the old store is moved aside; the new one is in
+    // place. Before the commit point the old store stays the store.
+    "migrate-copied",
+    "migrate-built",
+    "migrate-committed",
+    "migrate-old-moved",
+    "migrate-new-moved",
 ];
 
 /// Name of the environment variable that selects a crash point.

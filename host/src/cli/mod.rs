@@ -258,6 +258,27 @@ enum Command {
         #[arg(long = "option", value_parser = parse_option)]
         options: Vec<(String, String)>,
     },
+    /// Move a store to another strategy without losing data: the old guest
+    /// recovers it, its committed entries are copied into a store the new
+    /// guest builds at the same changelog offset, both are read back and
+    /// compared, and the new store is switched in. A crash before the
+    /// switch's commit point leaves the old store as it was; after it, the
+    /// next open finishes the switch. Then set store.guest to the new guest.
+    Migrate {
+        /// The config file that names the store and its current guest.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The guest to move to: a built-in name or a .wasm path.
+        #[arg(long, value_name = "GUEST")]
+        to: String,
+        /// An option for the new guest's `init`, as `key=value` (repeatable;
+        /// give the same ones in the config's [store.options] afterwards).
+        #[arg(long = "option", value_name = "KEY=VALUE", value_parser = parse_option)]
+        options: Vec<(String, String)>,
+        /// Print the report as JSON (durations in seconds).
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a guest's world, version and whether it is transactional.
     Inspect {
         /// A built-in name or a .wasm path.
@@ -539,6 +560,52 @@ pub fn main(cli: Cli) -> Result<()> {
             task.write(&[crate::changelog::Record::Delete(key.into_bytes())])?;
             task.commit()?;
             task.close()?;
+            Ok(())
+        }
+        Command::Migrate {
+            config: config_path,
+            to,
+            options,
+            json,
+        } => {
+            let config = Config::load(&config_path)?;
+            let runtime = runtime_for(&config)?;
+            let Some(r) = crate::task::migrate::migrate(&config, &runtime, &to, &options)? else {
+                println!(
+                    "store `{}` in {} is already kept by {to} (an interrupted migration is finished); now set \
+                     store.guest = {to:?} in {}",
+                    config.store.name,
+                    config.state_dir().display(),
+                    config_path.display()
+                );
+                return Ok(());
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "migrated store `{}` from {} to {}: {} entries ({} bytes, sha256 {}..) at changelog offset {} \
+                     in {:.2} s",
+                    r.store,
+                    r.from,
+                    r.to,
+                    r.entries,
+                    r.bytes,
+                    &r.sha256[..16],
+                    r.offset,
+                    r.elapsed.as_secs_f64()
+                );
+                println!(
+                    "now set store.guest = {:?} in {}{}",
+                    to,
+                    config_path.display(),
+                    if options.is_empty() {
+                        String::new()
+                    } else {
+                        " (and the options given here in [store.options])".to_string()
+                    }
+                );
+            }
             Ok(())
         }
         Command::Inspect { guest } => inspect(&guest),

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// The manifest format this build writes and reads.
 pub const FORMAT: u32 = 1;
-const FILE: &str = "MANIFEST.toml";
+pub const FILE: &str = "MANIFEST.toml";
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,9 +103,14 @@ pub fn read(state_dir: &Path) -> Result<Option<Manifest>> {
 }
 
 fn write(state_dir: &Path, m: &Manifest) -> Result<()> {
+    write_to(&path(state_dir), m)
+}
+
+/// Writes `m` to `file` atomically and durably.
+pub fn write_to(file: &Path, m: &Manifest) -> Result<()> {
     let text = toml::to_string(m).expect("manifest serializes");
-    crate::file::write_atomic(&path(state_dir), text.as_bytes())
-        .with_context(|| format!("cannot write {}", path(state_dir).display()))
+    crate::file::write_atomic(file, text.as_bytes())
+        .with_context(|| format!("cannot write {}", file.display()))
 }
 
 /// Checks that `config` may open the store in its state directory, before
@@ -137,8 +142,8 @@ pub fn check(config: &Config, guest_sha256: &str, existing: bool) -> Result<Chec
     if have.guest != want.guest {
         bail!(
             "store `{}` in {} was made by guest `{}`, not `{}`: strategies keep their data differently, so it \
-             would open empty or wrong; set store.guest back to `{}` (to change strategy, build the store anew \
-             in another state_dir from the same input)",
+             would open empty or wrong; set store.guest back to `{}` (to change strategy, run `txstore migrate \
+             --to <guest>` with the config as it was)",
             have.store,
             dir.display(),
             have.guest,

@@ -9,6 +9,7 @@
 //! input position.
 
 pub mod manifest;
+pub mod migrate;
 pub mod processor;
 
 use crate::changelog::{Changelog, Record, Replayed};
@@ -145,9 +146,14 @@ fn action_name(a: RecoveryAction) -> &'static str {
 
 /// Opens the storage backend a config names.
 pub fn open_backend(config: &Config) -> Result<Arc<dyn Backend>> {
-    Ok(match config.store.backend {
+    open_backend_at(config.store.backend, &config.state_dir().join("store"))
+}
+
+/// Opens a storage backend of `kind` in `dir` (RocksDB only).
+pub fn open_backend_at(kind: BackendKind, dir: &Path) -> Result<Arc<dyn Backend>> {
+    Ok(match kind {
         BackendKind::Rocksdb => {
-            let rocks = RocksBackend::open(&config.state_dir().join("store"))?;
+            let rocks = RocksBackend::open(dir)?;
             // Logging undo information costs a read per write: only when a
             // simulated power loss may need it.
             if crate::crash::power_armed() {
@@ -172,6 +178,12 @@ impl Task {
         crate::file::create_dir_all(&state_dir)
             .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
         let lock = lock_dir(&state_dir, "state directory")?;
+        if migrate::settle(&state_dir)? {
+            tracing::warn!(
+                "finished a migration of the store in {} that a crash interrupted after its commit point",
+                state_dir.display()
+            );
+        }
         // Another guest or store name would find the data missing or wrong
         // and recover as if clean: refuse before anything changes.
         match manifest::check(config, &guest.load.hash, existing)? {
@@ -480,6 +492,11 @@ impl Task {
 
     /// Commits what is pending and writes the checkpoint: a clean stop.
     pub fn close(mut self) -> Result<TaskStats> {
+        self.close_in_place()?;
+        Ok(self.stats)
+    }
+
+    fn close_in_place(&mut self) -> Result<()> {
         if self.pending_records > 0 || self.pending_writes > 0 {
             self.commit()?;
         }
@@ -488,7 +505,26 @@ impl Task {
         crash::step("after-checkpoint");
         self.stats.closed_at = end;
         self.stats.committed_steps = self.committed_input_position();
-        Ok(self.stats)
+        Ok(())
+    }
+
+    /// [`Task::close`], then the storage and changelog closed, with the
+    /// state directory's lock handed to the caller (a migration switches
+    /// stores before anyone else may open the directory).
+    fn close_keeping_lock(mut self) -> Result<(TaskStats, std::fs::File)> {
+        self.close_in_place()?;
+        let Task {
+            instance,
+            changelog,
+            _backend,
+            _lock,
+            stats,
+            ..
+        } = self;
+        drop(instance);
+        drop(changelog);
+        drop(_backend);
+        Ok((stats, _lock))
     }
 
     /// The most linear memory the guest has held, in bytes.
