@@ -10,10 +10,21 @@ use std::path::Path;
 
 const GUESTS: &[&str] = &["buffered", "roll-back", "roll-forward", "wipe-on-crash"];
 
-/// `lines` kv records over about `keys` keys, from `seed`: puts of values of
-/// every length class (empty included), keys that are not UTF-8 or not
-/// ASCII, and deletes (a line without a tab).
-fn kv_lines(seed: u64, lines: usize, keys: u64) -> Vec<Vec<u8>> {
+/// The store's size: (lines of input, keys, longest value). With
+/// `TXSTORE_LONG_TESTS=1`, a store of 10^6 keys (every key is written once
+/// first, then the random updates and deletes follow).
+fn size() -> (usize, u64, usize) {
+    if std::env::var_os("TXSTORE_LONG_TESTS").is_some_and(|v| v == "1") {
+        (1_600_000, 1_000_000, 100)
+    } else {
+        (2400, 700, 3000)
+    }
+}
+
+/// `lines` kv records over `keys` keys, from `seed`: puts of values of
+/// every length class up to `longest` (empty included), keys that are not
+/// UTF-8 or not ASCII, and deletes (a line without a tab).
+fn kv_lines(seed: u64, lines: usize, keys: u64, longest: usize) -> Vec<Vec<u8>> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut next = move || {
         x ^= x << 13;
@@ -22,8 +33,12 @@ fn kv_lines(seed: u64, lines: usize, keys: u64) -> Vec<Vec<u8>> {
         x
     };
     (0..lines)
-        .map(|_| {
-            let k = next() % keys;
+        .map(|i| {
+            let k = if (i as u64) < keys {
+                i as u64
+            } else {
+                next() % keys
+            };
             let mut key = match k % 5 {
                 0 => vec![b'b', 0xff, (k >> 8) as u8 | 0x80, k as u8 | 0x80],
                 1 => format!("café-{k}").into_bytes(),
@@ -32,9 +47,9 @@ fn kv_lines(seed: u64, lines: usize, keys: u64) -> Vec<Vec<u8>> {
             // Neither a tab nor a newline may be part of a kv key.
             key.retain(|&b| b != b'\t' && b != b'\n');
             let mut line = key;
-            if next() % 8 != 0 {
+            if (i as u64) < keys || next() % 8 != 0 {
                 line.push(b'\t');
-                let len = [0usize, 1, 7, 100, 3000][(next() % 5) as usize];
+                let len = [0usize, 1, 7, 100, longest][(next() % 5) as usize];
                 line.extend(
                     (0..len).map(|i| b"abcdefghij\xc3\xa9\x00\x01\xfe"[(i + k as usize) % 15]),
                 );
@@ -104,8 +119,9 @@ fn migrate(config: &Path, to: &str, env: &[(&str, &str)]) -> std::process::Outpu
 
 /// A kv store run by `from` on the first part of an input.
 fn store_of(dir: &Path, from: &str, seed: u64) -> (Vec<Vec<u8>>, BTreeMap<Vec<u8>, Vec<u8>>) {
-    let lines = kv_lines(seed, 2400, 700);
-    let first = &lines[..1600];
+    let (n, keys, longest) = size();
+    let lines = kv_lines(seed, n, keys, longest);
+    let first = &lines[..n * 2 / 3];
     write_input(&dir.join("input.txt"), first);
     let config = kv_config(dir, from);
     ok(&txstore(&["run", "--config", config.to_str().unwrap()]));
