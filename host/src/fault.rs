@@ -9,7 +9,12 @@
 //! - `rename`: a rename of a host file fails (EIO);
 //! - `storage-sync`: a storage sync (or the sync of a synced write batch)
 //!   fails after the writes reached the memtable;
-//! - `storage-write`: a storage write call fails before it applies.
+//! - `storage-write`: a storage write call fails before it applies;
+//! - `storage-read`: a storage read (`get`, `get-many`, a cursor's `next`)
+//!   returns EIO, as a failed disk read or a checksum mismatch would. It
+//!   changes nothing durable, so unlike a failed sync it does not poison
+//!   the storage: the guest must pass the error on, never return what it
+//!   read so far as if it were all.
 //!
 //! The rule the host keeps (PostgreSQL's "fsyncgate", 2018): after a failed
 //! fsync the kernel may have dropped the dirty pages and will report
@@ -33,6 +38,7 @@ pub const KINDS: &[&str] = &[
     "rename",
     "storage-sync",
     "storage-write",
+    "storage-read",
 ];
 
 /// What is counted: one counter per class of call.
@@ -43,14 +49,16 @@ pub enum Class {
     Rename,
     StorageSync,
     StorageWrite,
+    StorageRead,
 }
 
-const CLASSES: [Class; 5] = [
+const CLASSES: [Class; 6] = [
     Class::Fsync,
     Class::Write,
     Class::Rename,
     Class::StorageSync,
     Class::StorageWrite,
+    Class::StorageRead,
 ];
 
 impl Class {
@@ -65,6 +73,7 @@ impl Class {
             Class::Rename => "rename",
             Class::StorageSync => "storage-sync",
             Class::StorageWrite => "storage-write",
+            Class::StorageRead => "storage-read",
         }
     }
 }
@@ -121,6 +130,7 @@ impl std::str::FromStr for Injection {
             "rename" => (Class::Rename, Fault::Eio),
             "storage-sync" => (Class::StorageSync, Fault::Eio),
             "storage-write" => (Class::StorageWrite, Fault::NoSpace),
+            "storage-read" => (Class::StorageRead, Fault::Eio),
             _ => return Err(bad()),
         };
         Ok(Injection { class, fault, nth })
@@ -139,7 +149,7 @@ impl std::fmt::Display for Injection {
 }
 
 static ARMED: OnceLock<Option<Injection>> = OnceLock::new();
-static COUNTS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static COUNTS: [AtomicU64; CLASSES.len()] = [const { AtomicU64::new(0) }; CLASSES.len()];
 
 /// Arms `injection` for this process (first call wins). `None` reads the
 /// environment variable.

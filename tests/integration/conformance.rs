@@ -252,6 +252,28 @@ fn rejects_flushed_open_writes_left_by_recovery() {
     );
 }
 
+/// A storage read error taken for the end of a scan: only the I/O error
+/// pass's failing storage read (`storage-read`) shows it, as a read that
+/// returns part of the data or a run that goes on as if nothing failed.
+#[test]
+fn rejects_a_read_error_taken_for_the_end_of_a_scan() {
+    rejected_in(
+        "read-error-ends-scan",
+        "storage-read",
+        &[
+            "--fail-fast",
+            "--ops",
+            "80",
+            "--seeds",
+            "0",
+            "--max-points",
+            "2",
+            "--modes",
+            "lossy",
+        ],
+    );
+}
+
 /// A bug on at-least-once's start-up path (recover given a checkpoint after
 /// a crash): exactly-once never takes that path, at-least-once rejects it.
 #[test]

@@ -262,3 +262,23 @@ fn migrate_refuses_mistakes() {
     let err = stderr(&migrate(&config, "roll-back", &[]));
     assert!(err.contains("no store in"), "{err}");
 }
+
+/// A new guest that refuses writes at its uncommitted limit gets the store
+/// in several commits, all at the same offset, and still all of it.
+#[test]
+fn migrate_into_a_guest_with_a_small_uncommitted_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, want) = store_of(dir.path(), "roll-forward", 11);
+    let config = kv_config(dir.path(), "roll-forward");
+    let out = ok(&txstore(&[
+        "migrate",
+        "--config",
+        config.to_str().unwrap(),
+        "--to",
+        "buffered",
+        "--option",
+        "max_uncommitted_bytes=65536",
+    ]));
+    assert!(out.contains(&format!("{} entries", want.len())), "{out}");
+    check_migrated(dir.path(), "roll-forward", "buffered", &lines, &want);
+}

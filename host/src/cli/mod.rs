@@ -31,7 +31,7 @@ pub struct Cli {
     crash_at: Option<String>,
     /// Make the N-th I/O call of one kind fail, for tests: `KIND:N` with
     /// KIND one of fsync, write-enospc, write-short, rename, storage-sync,
-    /// storage-write (also `TXSTORE_IO_ERROR`).
+    /// storage-write, storage-read (also `TXSTORE_IO_ERROR`).
     #[arg(long, global = true, value_name = "KIND:N")]
     io_error: Option<String>,
 }

@@ -141,7 +141,7 @@ impl StoreStorage for MemoryStore {
     }
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.health.check()?;
+        self.health.before_read()?;
         let data = self.data.lock().unwrap();
         Ok(data
             .keyspaces
@@ -274,7 +274,7 @@ struct MemoryCursor {
 
 impl Cursor for MemoryCursor {
     fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
-        self.health.check()?;
+        self.health.before_read()?;
         let end = self
             .end
             .as_ref()

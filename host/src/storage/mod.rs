@@ -157,6 +157,16 @@ impl Health {
         }
     }
 
+    /// Checks health and counts one read, which fails (without poisoning
+    /// anything: nothing durable changed) if it is the injected one.
+    pub(crate) fn before_read(&self) -> Result<()> {
+        self.check()?;
+        match fault::hit(Class::StorageRead) {
+            Some(f) => Err(StorageError::Io(f.io_error("storage read").to_string())),
+            None => Ok(()),
+        }
+    }
+
     /// Runs `flush`, poisoning the backend if it fails. `inject`: this is a
     /// `sync` or the sync of a `write(sync)`, counted for `storage-sync`.
     pub(crate) fn sync(&self, inject: bool, flush: impl FnOnce() -> Result<()>) -> Result<()> {

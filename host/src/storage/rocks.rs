@@ -292,12 +292,12 @@ impl StoreStorage for RocksStore {
     }
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.health.check()?;
+        self.health.before_read()?;
         Ok(self.db.get_cf(&self.cf(ks), key)?)
     }
 
     fn get_many(&self, ks: KeyspaceId, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.health.check()?;
+        self.health.before_read()?;
         let cf = self.cf(ks);
         self.db
             .batched_multi_get_cf(&cf, keys, false)
@@ -484,7 +484,7 @@ struct RocksCursor {
 
 impl Cursor for RocksCursor {
     fn next(&mut self, max: usize) -> Result<Vec<Entry>> {
-        self.health.check()?;
+        self.health.before_read()?;
         let mut out = Vec::new();
         while out.len() < max.min(super::MAX_CURSOR_BATCH) {
             match (self.iter.key(), self.iter.value()) {

@@ -196,6 +196,8 @@ pub fn migrate(
     };
     // The new store's storage is closed (and synced by its commits); make
     // its directory entries durable before the commit point.
+    // RocksDB fsyncs its own files and `db/`; `store/` was made by us.
+    crate::file::sync_dir(&new_dir.join("store"))?;
     crate::file::sync_dir(&new_dir)?;
     let mut m = manifest::expected(config, &target.load.hash);
     m.guest = to_name.clone();
