@@ -117,6 +117,7 @@ fn io_errors_stop_with_one_line_and_the_next_start_recovers() {
         ("roll-forward", "rename:1", "rename"),
         ("buffered", "storage-sync:3", "storage"),
         ("roll-back", "storage-write:40", "storage"),
+        ("roll-forward", "storage-read:50", "storage read"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let input = input(dir.path(), 600);
