@@ -263,6 +263,24 @@ fn migrate_refuses_mistakes() {
         );
     }
     assert!(scan(&config) == want);
+    // A failure after the old store was opened (the new guest refuses an
+    // option): the partial new store is removed and the old one closed
+    // cleanly, so the next start finds its checkpoint and replays nothing.
+    let out = txstore(&[
+        "migrate", "--config", c, "--to", "buffered", "--option", "bogus=1",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("unknown option `bogus`"), "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{err}"
+    );
+    assert!(!dir.path().join("state/migrate-new").exists());
+    let report = crate::common::recover_json(&config);
+    assert!(report["checkpoint"].is_u64(), "{report}");
+    assert!(scan(&config) == want);
     let empty = tempfile::tempdir().unwrap();
     let config = kv_config(empty.path(), "buffered");
     let err = stderr(&migrate(&config, "roll-back", &[]));

@@ -162,12 +162,59 @@ pub fn migrate(
     let offset = old.changelog.end_offset();
 
     let new_dir = state_dir.join(NEW);
+    let (entries, bytes, sha256) = match build(config, &target, options, &mut old, offset, &to_name)
+    {
+        Ok(built) => built,
+        Err(e) => {
+            // The old store stays the store: drop the partial new one and
+            // close the old cleanly (its checkpoint spares the next start a
+            // replay), then report what failed.
+            let _ = remove_dir(&new_dir);
+            let _ = old.close();
+            return Err(e);
+        }
+    };
+
+    // A clean close of the old store (checkpoint at `offset`, which the new
+    // store is committed at too), keeping the directory locked so no run
+    // commits past `offset` before the switch.
+    let (_, lock) = old.close_keeping_lock()?;
+    crate::file::rename(&new_dir, &state_dir.join(READY))?;
+    crate::file::sync_dir(&state_dir)?;
+    crash::step("migrate-committed");
+    settle(&state_dir)?;
+    drop(lock);
+    Ok(Some(MigrateReport {
+        store: config.store.name.clone(),
+        from: from_name,
+        to: to_name,
+        offset,
+        entries,
+        bytes,
+        sha256,
+        elapsed: started.elapsed(),
+    }))
+}
+
+/// Builds the new store in `migrate-new/` from `old`'s committed state at
+/// `offset`, checks it and writes its manifest. Returns the entries, bytes
+/// and digest copied.
+fn build(
+    config: &Config,
+    target: &crate::runtime::GuestComponent,
+    options: &[(String, String)],
+    old: &mut Task,
+    offset: u64,
+    to_name: &str,
+) -> Result<(u64, u64, String)> {
+    let state_dir = config.state_dir();
+    let new_dir = state_dir.join(NEW);
     if new_dir.exists() {
         remove_dir(&new_dir)?;
     }
     crate::file::create_dir_all(&new_dir)
         .with_context(|| format!("cannot create {}", new_dir.display()))?;
-    let (entries, bytes, sha256) = {
+    let digest_of_copy = {
         let backend = super::open_backend_at(config.store.backend, &new_dir.join("store"))?;
         let storage = backend.open_store(&config.store.name)?;
         let mut new = target.instantiate(storage, &config.store.name, &config.limits)?;
@@ -200,29 +247,10 @@ pub fn migrate(
     crate::file::sync_dir(&new_dir.join("store"))?;
     crate::file::sync_dir(&new_dir)?;
     let mut m = manifest::expected(config, &target.load.hash);
-    m.guest = to_name.clone();
+    m.guest = to_name.to_string();
     manifest::write_to(&new_dir.join(manifest::FILE), &m)?;
     crash::step("migrate-built");
-
-    // A clean close of the old store (checkpoint at `offset`, which the new
-    // store is committed at too), keeping the directory locked so no run
-    // commits past `offset` before the switch.
-    let (_, lock) = old.close_keeping_lock()?;
-    crate::file::rename(&new_dir, &state_dir.join(READY))?;
-    crate::file::sync_dir(&state_dir)?;
-    crash::step("migrate-committed");
-    settle(&state_dir)?;
-    drop(lock);
-    Ok(Some(MigrateReport {
-        store: config.store.name.clone(),
-        from: from_name,
-        to: to_name,
-        offset,
-        entries,
-        bytes,
-        sha256,
-        elapsed: started.elapsed(),
-    }))
+    Ok(digest_of_copy)
 }
 
 /// Copies every read-committed entry of `from` into `to`, committing `to`
