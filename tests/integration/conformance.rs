@@ -274,6 +274,13 @@ fn rejects_a_read_error_taken_for_the_end_of_a_scan() {
     );
 }
 
+/// An `init` that ignores an option it does not know (a misspelt setting
+/// would run on its default): the contract checks give it an unknown one.
+#[test]
+fn rejects_an_unknown_option_ignored() {
+    rejected("options-ignored", "bad arguments are errors, not traps");
+}
+
 /// A bug on at-least-once's start-up path (recover given a checkpoint after
 /// a crash): exactly-once never takes that path, at-least-once rejects it.
 #[test]

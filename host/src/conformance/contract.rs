@@ -271,5 +271,35 @@ fn errors(f: &mut Fixture) -> Result<(), String> {
         "get after an error",
         f.store.get(b"after", RU).map_err(e)?,
         Some(b"error".to_vec()),
-    )
+    )?;
+    unknown_option(f)
+}
+
+/// An option no guest knows, for [`unknown_option`].
+const UNKNOWN_OPTION: &str = "txstore-conformance-no-such-option";
+
+/// `init` refuses an option it does not know with `invalid-argument`
+/// naming it: a misspelt setting must not run silently on its default.
+fn unknown_option(f: &mut Fixture) -> Result<(), String> {
+    let storage = f
+        .backend
+        .open_store("conformance-options")
+        .map_err(|e| format!("{e:#}"))?;
+    let mut fresh = f
+        .guest
+        .instantiate(storage, "conformance-options", &Limits::default())
+        .map_err(|e| format!("{e:#}"))?;
+    match fresh.init(&[(UNKNOWN_OPTION.to_string(), "1".to_string())]) {
+        Err(CallError::Guest {
+            err: WitError::InvalidArgument(msg),
+            ..
+        }) if msg.contains(UNKNOWN_OPTION) => Ok(()),
+        Err(CallError::Guest { err, .. }) => Err(format!(
+            "init with the unknown option `{UNKNOWN_OPTION}` returned {err:?}, expected invalid-argument naming it"
+        )),
+        Err(trap) => Err(format!("init with an unknown option trapped: {trap}")),
+        Ok(()) => Err(format!(
+            "init accepted the unknown option `{UNKNOWN_OPTION}`: a misspelt setting would run silently on its default"
+        )),
+    }
 }

@@ -176,7 +176,10 @@ fn read(s: &mut Store, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8
 struct Planted;
 
 impl Guest for Planted {
-    fn init(_options: Vec<(String, String)>) -> Result<(), Error> {
+    fn init(options: Vec<(String, String)>) -> Result<(), Error> {
+        if let Some((name, _)) = options.first().filter(|_| !cfg!(feature = "options-ignored")) {
+            return Err(Error::InvalidArgument(format!("planted: unknown option `{name}` (known: none)")));
+        }
         let store = Store {
             main: Keyspace::open("main")?,
             temp: Keyspace::open("temp")?,
