@@ -263,13 +263,7 @@ fn copy(
 ) -> Result<(u64, u64, String)> {
     let mut sum = Digester::default();
     let mut open_bytes = 0u64;
-    let mut next: Option<Vec<u8>> = None;
-    loop {
-        let page = from.range(next.as_deref(), None, Isolation::ReadCommitted, PAGE)?;
-        let full = page.len() == PAGE as usize;
-        if let Some((k, _)) = page.last() {
-            next = Some(successor(k));
-        }
+    for_each_page(from, |page| {
         let writes: Vec<Record> = page
             .into_iter()
             .map(|(k, v)| {
@@ -286,10 +280,8 @@ fn copy(
             to.commit(offset)?;
             open_bytes = 0;
         }
-        if !full {
-            break;
-        }
-    }
+        Ok(())
+    })?;
     if offset > 0 || sum.entries > 0 {
         to.commit(offset)?;
     }
@@ -299,6 +291,21 @@ fn copy(
 /// Entries, bytes and digest of `store`'s read-committed state.
 fn digest(store: &mut StoreInstance) -> Result<(u64, u64, String)> {
     let mut sum = Digester::default();
+    for_each_page(store, |page| {
+        for (k, v) in &page {
+            sum.add(k, v);
+        }
+        Ok(())
+    })?;
+    Ok(sum.finish())
+}
+
+/// Hands `store`'s read-committed entries to `f`, a page of [`PAGE`] at a
+/// time, in key order (one page in memory, whatever the store's size).
+fn for_each_page(
+    store: &mut StoreInstance,
+    mut f: impl FnMut(Vec<(Vec<u8>, Vec<u8>)>) -> Result<()>,
+) -> Result<()> {
     let mut next: Option<Vec<u8>> = None;
     loop {
         let page = store.range(next.as_deref(), None, Isolation::ReadCommitted, PAGE)?;
@@ -306,11 +313,9 @@ fn digest(store: &mut StoreInstance) -> Result<(u64, u64, String)> {
         if let Some((k, _)) = page.last() {
             next = Some(successor(k));
         }
-        for (k, v) in &page {
-            sum.add(k, v);
-        }
+        f(page)?;
         if !full {
-            return Ok(sum.finish());
+            return Ok(());
         }
     }
 }
