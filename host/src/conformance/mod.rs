@@ -76,6 +76,27 @@ pub struct Options {
     /// Stop a guest's exploration at its first failure.
     pub fail_fast: bool,
     pub progress: bool,
+    /// Where each case's state directory is made (default: see
+    /// [`Options::scratch_dir`]).
+    pub scratch: Option<PathBuf>,
+}
+
+impl Options {
+    /// `scratch`, else `/dev/shm` when it is a writable tmpfs, else the
+    /// system's temp directory. Crashes and power losses are simulated
+    /// (an abort keeps the page cache, the power journal decides what a
+    /// machine crash keeps), so a disk under the cases adds only the time
+    /// of real fsyncs: about 40% of a case's time on this machine's disk.
+    pub fn scratch_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.scratch {
+            return dir.clone();
+        }
+        let shm = Path::new("/dev/shm");
+        if tempfile::tempdir_in(shm).is_ok() {
+            return shm.to_path_buf();
+        }
+        std::env::temp_dir()
+    }
 }
 
 /// A case's changelog in Kafka: the cluster and the case's own topic.
@@ -112,7 +133,7 @@ impl Default for Options {
             random_seeds: 4,
             random_points: 6,
             ops: 200,
-            max_points: 64,
+            max_points: 16,
             workers: 2,
             only: None,
             only_io_error: None,
@@ -124,6 +145,7 @@ impl Default for Options {
             io_errors: true,
             fail_fast: false,
             progress: true,
+            scratch: None,
         }
     }
 }
@@ -431,9 +453,10 @@ struct CaseResult {
 
 /// Runs a case: the injected error or the crashes in order, then
 /// recovery and the rest of the workload, then a clean restart.
-fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
+fn run_case(case: &Case, probe_second: bool, scratch: &Path) -> Result<CaseResult> {
     let started = Instant::now();
-    let dir = tempfile::tempdir()?;
+    let dir = tempfile::tempdir_in(scratch)
+        .with_context(|| format!("cannot make a case directory in {}", scratch.display()))?;
     let state = dir.path().join("state");
     let kafka = case.kafka.as_deref().map(KafkaTarget::fresh);
     let env = Env {
@@ -512,7 +535,7 @@ fn run_case(case: &Case, probe_second: bool) -> Result<CaseResult> {
     }
     if probe_second && result.reached > 0 {
         // Learn which crash points this state's recovery reaches.
-        let probe = tempfile::tempdir()?;
+        let probe = tempfile::tempdir_in(scratch)?;
         copy_state(&state, &probe.path().join("state"))?;
         if let Outcome::Finished(s) = spawn(
             &case.guest,
@@ -580,6 +603,7 @@ fn run_all(
     let failed = AtomicBool::new(false);
     let results = Mutex::new(Vec::new());
     let error = Mutex::new(None);
+    let scratch = opts.scratch_dir();
     bar.inc_length(cases.len() as u64);
     std::thread::scope(|scope| {
         for _ in 0..opts.workers.max(1) {
@@ -591,7 +615,7 @@ fn run_all(
                 let Some((case, probe)) = cases.get(i) else {
                     break;
                 };
-                match run_case(case, *probe) {
+                match run_case(case, *probe, &scratch) {
                     Ok(r) => {
                         if r.failure.is_some() {
                             failed.store(true, Ordering::Relaxed);
