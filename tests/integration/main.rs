@@ -6,6 +6,7 @@ mod common;
 mod conformance;
 mod kafka;
 mod kv;
+mod live;
 mod migrate;
 mod polyglot;
 mod power;

@@ -7,7 +7,7 @@ use run::run;
 
 use crate::config::{Config, Guarantee};
 use crate::runtime::{GuestSource, Isolation, Runtime};
-use crate::task::{RecoveryReport, Task};
+use crate::task::{serve, RecoveryReport, Task};
 use crate::{crash, runtime};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -63,7 +63,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Read one key and print its value.
+    /// Read one key and print its value (answered by the running task
+    /// while `txstore run` processes the store).
     Get {
         /// The key (its UTF-8 bytes).
         key: String,
@@ -80,7 +81,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = output::Format::Tsv)]
         format: output::Format,
     },
-    /// Print the entries with keys in [from, to), in key order.
+    /// Print the entries with keys in [from, to), in key order (answered by
+    /// the running task while `txstore run` processes the store).
     Scan {
         /// The config file that names the store.
         #[arg(long, short)]
@@ -132,7 +134,8 @@ enum Command {
     Conformance {
         /// Built-in names or .wasm paths.
         guests: Vec<String>,
-        /// Every built-in guest, with more random seeds.
+        /// The long run: every built-in guest, 16 random seeds and 64
+        /// points per step (unless given).
         #[arg(long)]
         all: bool,
         /// The seed explored at every crash point.
@@ -144,9 +147,12 @@ enum Command {
         /// Steps per workload.
         #[arg(long, default_value_t = 200)]
         ops: usize,
-        /// Most crash points per protocol step and for commit calls.
-        #[arg(long, default_value_t = 64)]
-        max_points: usize,
+        /// Most crash points per protocol step and for commit calls
+        /// (evenly spread, first and last included; default 16, 64 with
+        /// --all). Every one is also crashed again at each point of its
+        /// own recovery.
+        #[arg(long)]
+        max_points: Option<usize>,
         /// Child processes run at once.
         #[arg(long, default_value_t = 2)]
         workers: usize,
@@ -185,6 +191,11 @@ enum Command {
         /// Also write the report as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
+        /// Where each case's state directory is made (default: /dev/shm
+        /// when writable, else the temp directory; crashes are simulated,
+        /// so a disk only adds fsync time).
+        #[arg(long, value_name = "DIR")]
+        scratch: Option<PathBuf>,
     },
     /// Measure every built-in guest against plain RocksDB in one run.
     Bench {
@@ -335,6 +346,12 @@ fn runtime_for(config: &Config) -> Result<Runtime> {
     Runtime::new(config.cache_dir())
 }
 
+/// The answer of the task running on the store, if one is running.
+fn live(config_path: &PathBuf, request: &serve::Request) -> Result<Option<serve::Answer>> {
+    let config = Config::load(config_path)?;
+    serve::ask(&config.state_dir(), request)
+}
+
 fn open(config_path: &PathBuf) -> Result<(Task, RecoveryReport)> {
     let config = Config::load(config_path)?;
     let runtime = runtime_for(&config)?;
@@ -358,6 +375,7 @@ pub fn main(cli: Cli) -> Result<()> {
         options,
         fail_fast,
         json,
+        scratch,
     } = cli.command
     {
         let mut guests = guests;
@@ -365,6 +383,7 @@ pub fn main(cli: Cli) -> Result<()> {
             guests.extend(txstore_artifacts::names().map(str::to_string));
         }
         let random_seeds = if all { seeds.max(16) } else { seeds };
+        let max_points = max_points.unwrap_or(if all { 64 } else { 16 });
         let opts = crate::conformance::Options {
             guests,
             seed,
@@ -382,6 +401,7 @@ pub fn main(cli: Cli) -> Result<()> {
             guest_options: options,
             fail_fast,
             progress: std::io::stderr().is_terminal(),
+            scratch,
             ..Default::default()
         };
         return conformance(&opts, json);
@@ -503,9 +523,16 @@ pub fn main(cli: Cli) -> Result<()> {
             isolation,
             format,
         } => {
-            let (mut task, _) = open(&config)?;
-            let value = task.get(key.as_bytes(), isolation.into())?;
-            task.close()?;
+            let request = serve::Request::get(key.as_bytes(), isolation.into());
+            let value = match live(&config, &request)? {
+                Some(answer) => answer.into_value()?,
+                None => {
+                    let (mut task, _) = open(&config)?;
+                    let value = task.get(key.as_bytes(), isolation.into())?;
+                    task.close()?;
+                    value
+                }
+            };
             match value {
                 Some(v) => {
                     let mut out = std::io::stdout().lock();
@@ -526,16 +553,25 @@ pub fn main(cli: Cli) -> Result<()> {
             keys_only,
             count,
         } => {
-            let (mut task, _) = open(&config)?;
-            let mut entries = task.store().range_all(
+            let (from, to) = (
                 from.as_deref().map(str::as_bytes),
                 to.as_deref().map(str::as_bytes),
-                isolation.into(),
-            )?;
-            task.close()?;
-            if let Some(n) = limit {
-                entries.truncate(n);
-            }
+            );
+            let request = serve::Request::scan(from, to, limit, isolation.into());
+            let entries = match live(&config, &request)? {
+                Some(answer) => answer.into_entries()?,
+                None => {
+                    let (mut task, _) = open(&config)?;
+                    let entries = task.store().range_up_to(
+                        from,
+                        to,
+                        isolation.into(),
+                        limit.unwrap_or(usize::MAX),
+                    )?;
+                    task.close()?;
+                    entries
+                }
+            };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             if count {
                 writeln!(out, "{}", entries.len())?;

@@ -6,6 +6,7 @@
 use crate::config::Config;
 use crate::crash;
 use crate::runtime::{CallError, Runtime};
+use crate::task::serve::QueryServer;
 use crate::task::{RecoveryReport, Task, TaskStats};
 use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader, Read};
@@ -23,10 +24,18 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
     let runtime = Runtime::new(config.cache_dir())?;
     let started = Instant::now();
     let (mut task, first_report) = open(&config, &runtime, json)?;
+    // Opened after the task, which holds the state directory's lock.
+    let server = match QueryServer::bind(&config.state_dir()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("warning: live queries are off for this run: {e:#}");
+            None
+        }
+    };
     let mut done = TaskStats::default();
     let mut restarts = 0;
     loop {
-        match feed(&mut task, &input) {
+        match feed(&mut task, &input, server.as_ref()) {
             Ok(()) => break,
             Err(e) if is_guest_failure(&e) && restarts < config.task.restarts_on_guest_failure => {
                 restarts += 1;
@@ -100,10 +109,14 @@ fn is_guest_failure(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Live queries are answered every this many records (between records:
+/// one accept call, well under a record's cost).
+const QUERY_POLL_RECORDS: u64 = 64;
+
 /// Processes the input from the task's committed position to its end: one
 /// record per newline-terminated line (a last line without a newline is
 /// left for a later run, when it is complete).
-fn feed(task: &mut Task, input: &Path) -> Result<()> {
+fn feed(task: &mut Task, input: &Path, server: Option<&QueryServer>) -> Result<()> {
     let file = std::fs::File::open(input)
         .with_context(|| format!("cannot open input {}", input.display()))?;
     let total = file.metadata()?.len();
@@ -181,6 +194,11 @@ fn feed(task: &mut Task, input: &Path) -> Result<()> {
         }
         task.process(record, position)?;
         task.stats.input_bytes += n as u64;
+        if task.stats.records % QUERY_POLL_RECORDS == 0 {
+            if let Some(server) = server {
+                server.poll(task)?;
+            }
+        }
         if task.stats.records % 4096 == 0 {
             bar.set_position(position);
         }

@@ -267,12 +267,27 @@ impl StoreInstance {
         end: Option<&[u8]>,
         isolation: Isolation,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        const PAGE: u32 = 1024;
+        self.range_up_to(start, end, isolation, usize::MAX)
+    }
+
+    /// The first `max` entries of [start, end), paging through `range`.
+    pub fn range_up_to(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        isolation: Isolation,
+        max: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
+        const PAGE: usize = 1024;
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut next = start.map(<[u8]>::to_vec);
         loop {
-            let page = self.range(next.as_deref(), end, isolation, PAGE)?;
-            let full = page.len() == PAGE as usize;
+            let want = PAGE.min(max - out.len());
+            if want == 0 {
+                return Ok(out);
+            }
+            let page = self.range(next.as_deref(), end, isolation, want as u32)?;
+            let full = page.len() == want;
             if let Some((k, _)) = page.last() {
                 let mut k = k.clone();
                 k.push(0);

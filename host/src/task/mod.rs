@@ -11,6 +11,7 @@
 pub mod manifest;
 pub mod migrate;
 pub mod processor;
+pub mod serve;
 
 use crate::changelog::{Changelog, Record, Replayed};
 use crate::checkpoint::Checkpoint;
