@@ -1,6 +1,10 @@
 //! Live queries: while `txstore run` processes, `get` and `scan` are
-//! answered by the running task itself, over a Unix socket in the state
-//! directory (`STATE/query.sock`, owner-only: no network exposure).
+//! answered by the running task itself, over a Unix socket (no network
+//! exposure). The socket is not in the state directory, which holds only
+//! data (crash tests and operators copy it; a socket cannot be copied): it
+//! is `RUNTIME/txstore-UID/HASH.sock`, where RUNTIME is `$XDG_RUNTIME_DIR`
+//! or the temp directory, the directory is the user's own (mode 0700,
+//! checked), and HASH names the canonical state directory.
 //!
 //! The task answers between input records, so every answer is one
 //! consistent view of the store:
@@ -23,8 +27,6 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The socket's name in the state directory.
-pub const SOCKET: &str = "query.sock";
 /// How long a client may take to send its request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest request line (a key can be long, but not this long).
@@ -127,6 +129,47 @@ impl Answer {
     }
 }
 
+/// The directory of this user's sockets, created owner-only; refused if
+/// another user owns it or others may write in it.
+fn socket_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let dir = base.join(format!("txstore-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(e).with_context(|| format!("cannot create {}", dir.display()))
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(&dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?;
+    anyhow::ensure!(
+        meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0,
+        "{} is not a directory of this user's alone (owner {}, mode {:o})",
+        dir.display(),
+        meta.uid(),
+        meta.mode() & 0o7777
+    );
+    Ok(dir)
+}
+
+/// The socket of the task running on `state_dir`; `None` when the
+/// directory does not exist (so no task runs on it).
+pub fn socket_path(state_dir: &Path) -> Result<Option<PathBuf>> {
+    use sha2::Digest as _;
+    let Ok(canonical) = state_dir.canonicalize() else {
+        return Ok(None);
+    };
+    let hash = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    let name: String = hash[..12].iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Some(socket_dir()?.join(format!("{name}.sock"))))
+}
+
 /// The running task's end of the socket.
 pub struct QueryServer {
     listener: UnixListener,
@@ -134,10 +177,11 @@ pub struct QueryServer {
 }
 
 impl QueryServer {
-    /// Listens on `STATE/query.sock`. The caller holds the state
+    /// Listens on the socket of `state_dir`. The caller holds the state
     /// directory's lock, so a socket left there is a dead run's.
     pub fn bind(state_dir: &Path) -> Result<Self> {
-        let path = state_dir.join(SOCKET);
+        let path = socket_path(state_dir)?
+            .with_context(|| format!("no state directory {}", state_dir.display()))?;
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("cannot remove {}", path.display()))
@@ -266,7 +310,9 @@ fn write_line(mut stream: &UnixStream, value: &impl serde::Serialize) -> Result<
 /// it (no socket, nobody listening, or a run that ended before it
 /// answered): the caller then opens the store itself.
 pub fn ask(state_dir: &Path, request: &Request) -> Result<Option<Answer>> {
-    let path = state_dir.join(SOCKET);
+    let Some(path) = socket_path(state_dir)? else {
+        return Ok(None);
+    };
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
         Err(e)
