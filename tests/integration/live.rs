@@ -217,3 +217,42 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
         committed.mid_run, uncommitted.mid_run
     );
 }
+
+/// A socket directory that cannot be used turns live queries off with one
+/// warning line; the run and the queries of a stopped store go on.
+#[test]
+fn an_unusable_socket_directory_turns_only_live_queries_off() {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = dir.path().join("runtime");
+    std::fs::create_dir(&runtime).unwrap();
+    let probe = runtime.join("probe");
+    std::fs::write(&probe, "").unwrap();
+    let uid = std::fs::metadata(&probe).unwrap().uid();
+    // A file where this user's socket directory should be.
+    std::fs::write(runtime.join(format!("txstore-{uid}")), "").unwrap();
+    let input = dir.path().join("input.tsv");
+    std::fs::write(&input, "a\t1\nb\t2\n").unwrap();
+    let config = write_config(dir.path(), "buffered", "[task]\nprocessor = \"kv\"\n");
+    let config = config.to_str().unwrap();
+    let env = [("XDG_RUNTIME_DIR", runtime.to_str().unwrap())];
+    let out = txstore_env(
+        &[
+            "run",
+            "--config",
+            config,
+            "--input",
+            input.to_str().unwrap(),
+        ],
+        &env,
+    );
+    ok(&out);
+    let err = stderr(&out);
+    assert_eq!(
+        err.matches("live queries are off").count(),
+        1,
+        "one warning line expected:\n{err}"
+    );
+    let out = txstore_env(&["get", "b", "--config", config], &env);
+    assert_eq!(ok(&out), "2\n");
+}

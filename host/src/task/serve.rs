@@ -310,8 +310,15 @@ fn write_line(mut stream: &UnixStream, value: &impl serde::Serialize) -> Result<
 /// it (no socket, nobody listening, or a run that ended before it
 /// answered): the caller then opens the store itself.
 pub fn ask(state_dir: &Path, request: &Request) -> Result<Option<Answer>> {
-    let Some(path) = socket_path(state_dir)? else {
-        return Ok(None);
+    // A socket directory that cannot be used (the run said so when it
+    // started) must not stop a query of a store that is not running.
+    let path = match socket_path(state_dir) {
+        Ok(Some(path)) => path,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::debug!("no live query: {e:#}");
+            return Ok(None);
+        }
     };
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
