@@ -128,6 +128,19 @@ pub enum ChangelogKind {
     Kafka,
 }
 
+/// How the embedded changelog cleans itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanMode {
+    /// On a thread beside the task, installed at a later commit.
+    #[default]
+    Background,
+    /// Inside the commit that finds it due (deterministic: crash tests).
+    Inline,
+    /// Never: the changelog keeps all history.
+    Off,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChangelogConfig {
@@ -136,6 +149,11 @@ pub struct ChangelogConfig {
     pub dir: Option<PathBuf>,
     /// Embedded: a segment is rolled at the first commit past this size.
     pub segment_bytes: u64,
+    /// Embedded: how sealed segments are cleaned (latest record per key).
+    pub clean: CleanMode,
+    /// Embedded: the most a clean's key index may hold; past it a clean
+    /// covers fewer segments.
+    pub clean_memory_bytes: usize,
     /// Kafka: `host:port[,host:port...]`.
     pub bootstrap_servers: Option<String>,
     /// Kafka: the changelog topic; defaults to `<store.name>-changelog`.
@@ -165,6 +183,8 @@ impl Default for ChangelogConfig {
             kind: ChangelogKind::Embedded,
             dir: None,
             segment_bytes: 64 << 20,
+            clean: CleanMode::Background,
+            clean_memory_bytes: 256 << 20,
             bootstrap_servers: None,
             topic: None,
             partition: 0,

@@ -52,6 +52,11 @@ pub const STEPS: &[&str] = &[
     "migrate-committed",
     "migrate-old-moved",
     "migrate-new-moved",
+    // The changelog cleaner (changelog::clean): a clean is built and
+    // durable, nothing replaced yet; it is renamed over the first segment
+    // (the commit point), the segments it covers not yet removed.
+    "clean-built",
+    "clean-installed",
 ];
 
 /// Name of the environment variable that selects a crash point.

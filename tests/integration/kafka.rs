@@ -360,3 +360,78 @@ fn properties_may_not_weaken_the_guarantees() {
         stderr(&out)
     );
 }
+
+/// A compacted topic keeps a delete only `delete.retention.ms` after it
+/// was written. A store that comes back from an offset before a delete
+/// later than that could keep the deleted key, so it is refused with the
+/// reason; one that comes back in time replays the delete.
+#[test]
+fn a_store_older_than_the_topics_delete_retention_is_refused() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let Some(bootstrap) = broker("a_store_older_than_the_topics_delete_retention_is_refused")
+    else {
+        return;
+    };
+    let topic = fresh_topic("retention");
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("delete.retention.ms", "8000")
+        .set("segment.ms", "100")
+        .set("min.cleanable.dirty.ratio", "0.01")
+        .set("min.compaction.lag.ms", "0");
+    let created =
+        futures_executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+
+    let config = |dir: &Path| {
+        let extra = format!(
+            "[task]\nprocessor = \"kv\"\ninput = \"input.tsv\"\n\
+             [changelog]\nkind = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{topic}\"\n"
+        );
+        write_config(dir, "roll-forward", &extra)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let live = config(dir.path());
+    std::fs::write(dir.path().join("input.tsv"), "a\t1\nb\t2\nc\t3\n").unwrap();
+    ok(&txstore(&["run", "--config", live.to_str().unwrap()]));
+    // Two copies of the store at this offset, before the delete of `a`.
+    let copies: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    for c in &copies {
+        let out = Command::new("cp")
+            .args([
+                "-a",
+                dir.path().join("state").to_str().unwrap(),
+                c.path().to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    }
+    std::fs::write(dir.path().join("input.tsv"), "a\t1\nb\t2\nc\t3\na\nd\t4\n").unwrap();
+    ok(&txstore(&["run", "--config", live.to_str().unwrap()]));
+    let deleted_at = Instant::now();
+
+    let in_time = config(copies[0].path());
+    let got = ok(&txstore(&["scan", "--config", in_time.to_str().unwrap()]));
+    assert_eq!(
+        got, "b\t2\nc\t3\nd\t4\n",
+        "a copy in time replays the delete"
+    );
+
+    std::thread::sleep(Duration::from_millis(9000).saturating_sub(deleted_at.elapsed()));
+    let late = config(copies[1].path());
+    let out = txstore(&["recover", "--config", late.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "a store older than the retention was opened"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("delete.retention.ms of 8000 ms") && err.contains("move"),
+        "{err}"
+    );
+}

@@ -3,6 +3,7 @@
 
 mod cli;
 mod common;
+mod compact;
 mod conformance;
 mod kafka;
 mod kv;

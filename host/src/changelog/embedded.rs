@@ -16,7 +16,9 @@
 //! follow is a torn tail, and no frame after it is accepted (after a torn
 //! write the bytes that follow may be a frame-shaped piece of a record's
 //! value); damage that two commits follow is media damage, kept and
-//! reported as below. Frames must carry consecutive offsets. Then the segment is fsynced
+//! reported as below. Frames must carry consecutive offsets (increasing
+//! ones in a segment the cleaner wrote, [`super::clean`], which starts with
+//! a header frame). Then the segment is fsynced
 //! before anything depends on it: a process that died inside `commit`'s
 //! fdatasync leaves a commit frame that only the page cache holds, and a
 //! store committed from it would be ahead of the log after a power cut.
@@ -39,20 +41,24 @@
 //! segments are checked for damage by [`EmbeddedLog::verify_from`] before
 //! a replay reads them, which still happens before anything changes.
 
+use super::clean::{self, CleanStats};
 use super::{Changelog, CommitInfo, Record, Replayed};
+use crate::config::CleanMode;
 use crate::file::{self, File};
 use anyhow::{bail, Context, Result};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: u32 = 0x4754_5854; // "TXTG" read little-endian
-const HEADER: usize = 12;
+pub(super) const HEADER: usize = 12;
 /// Largest frame body accepted: bounds what a corrupt length can make us read.
 pub const MAX_FRAME: usize = 256 << 20;
-const KIND_DATA: u8 = 1;
-const KIND_COMMIT: u8 = 2;
+pub(super) const KIND_DATA: u8 = 1;
+pub(super) const KIND_COMMIT: u8 = 2;
+/// The header of a cleaned segment ([`super::clean`]).
+pub(super) const KIND_CLEANED: u8 = 3;
 const OP_PUT: u8 = 0;
-const OP_DELETE: u8 = 1;
+pub(super) const OP_DELETE: u8 = 1;
 
 /// A damaged region found at open that valid frames follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,17 +99,40 @@ pub struct EmbeddedLog {
     unverified: Vec<usize>,
     /// The first failed write or fsync: every later call fails with it.
     failed: Option<String>,
+    cleaning: Cleaning,
+}
+
+/// How the log cleans itself ([`super::clean`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CleanSettings {
+    pub mode: CleanMode,
+    /// The most a clean's key index may hold.
+    pub memory_bytes: usize,
+}
+
+/// The cleaner's state in an open log.
+struct Cleaning {
+    settings: CleanSettings,
+    running: Option<clean::Background>,
+    /// Why cleaning stopped for this process, if it did.
+    stopped: Option<String>,
+    /// Deletes below this offset may have been cleaned away.
+    deletes_kept_from: u64,
+    /// The first segment is a cleaned one.
+    head_cleaned: bool,
+    totals: CleanStats,
+    cleans: u64,
 }
 
 /// One decoded frame.
-struct Frame<'a> {
-    kind: u8,
-    offset: u64,
-    payload: &'a [u8],
+pub(super) struct Frame<'a> {
+    pub kind: u8,
+    pub offset: u64,
+    pub payload: &'a [u8],
 }
 
 /// Decodes the frame at `buf[pos..]`, or None if it is not a whole valid frame.
-fn decode(buf: &[u8], pos: usize) -> Option<(Frame<'_>, usize)> {
+pub(super) fn decode(buf: &[u8], pos: usize) -> Option<(Frame<'_>, usize)> {
     let head = buf.get(pos..pos + HEADER)?;
     let magic = u32::from_le_bytes(head[0..4].try_into().unwrap());
     let len = u32::from_le_bytes(head[4..8].try_into().unwrap()) as usize;
@@ -126,7 +155,7 @@ fn decode(buf: &[u8], pos: usize) -> Option<(Frame<'_>, usize)> {
     ))
 }
 
-fn encode(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[&[u8]]) {
+pub(super) fn encode(out: &mut Vec<u8>, kind: u8, offset: u64, payload: &[&[u8]]) {
     let len = 9 + payload.iter().map(|p| p.len()).sum::<usize>();
     assert!(
         len <= MAX_FRAME,
@@ -206,7 +235,7 @@ fn encode_commit(input_position: u64, input_check: Option<u32>) -> Vec<u8> {
     p
 }
 
-fn decode_commit(payload: &[u8]) -> Option<(u64, Option<u32>)> {
+pub(super) fn decode_commit(payload: &[u8]) -> Option<(u64, Option<u32>)> {
     let position = u64::from_le_bytes(payload.get(0..8)?.try_into().ok()?);
     match payload.len() {
         8 => Some((position, None)),
@@ -267,11 +296,23 @@ fn scan(path: &Path, base: u64, tail: bool, damage: &mut Vec<Damage>) -> Result<
         len: buf.len(),
     };
     let mut pos = 0;
-    // The offset the next frame must carry; unknown after damage.
+    // The offset the next frame must carry (at least, in a cleaned
+    // segment); unknown after damage.
     let mut expect = Some(base);
+    let mut cleaned = false;
     while pos < buf.len() {
-        let frame = decode(&buf, pos).filter(|(f, _)| expect.is_none_or(|e| f.offset == e));
+        let frame = decode(&buf, pos).filter(|(f, _)| {
+            let in_order = expect.is_none_or(|e| f.offset == e || (cleaned && f.offset > e));
+            // A cleaned segment's header comes first, at the base offset.
+            in_order && (f.kind != KIND_CLEANED || pos == 0)
+        });
         match frame {
+            Some((frame, n)) if frame.kind == KIND_CLEANED => {
+                cleaned = true;
+                // Its first kept record may carry the base offset too.
+                expect = Some(base);
+                pos += n;
+            }
             Some((frame, n)) => {
                 expect = Some(frame.offset + 1);
                 if frame.kind == KIND_COMMIT {
@@ -343,6 +384,51 @@ fn check_follows(path: &Path, base: u64, before: Option<CommitInfo>) -> Result<(
     }
 }
 
+/// Removes the segments a cleaned segment covers (left by a crash after
+/// the clean's commit point). Returns the highest bound below which
+/// deletes were cleaned away, and how many segments it removed.
+fn finish_clean(segments: &mut Vec<(u64, PathBuf)>) -> Result<(u64, usize)> {
+    let mut deletes_kept_from = 0;
+    let mut removed = 0;
+    let mut i = 0;
+    while i < segments.len() {
+        let Some(h) = clean::read_header(&segments[i].1)? else {
+            i += 1;
+            continue;
+        };
+        deletes_kept_from = deletes_kept_from.max(h.deletes_below);
+        while let Some((base, path)) = segments.get(i + 1).cloned() {
+            if base >= h.end {
+                break;
+            }
+            if let Some(end) = read_seal(&path).map(|c| c.offset) {
+                if end > h.end {
+                    bail!(
+                        "changelog segment {} (offsets {base}..{end}) overlaps the cleaned segment {} (up to {}): \
+                         nothing was changed",
+                        path.display(),
+                        segments[i].1.display(),
+                        h.end
+                    );
+                }
+            }
+            remove_if_exists(&path)?;
+            remove_if_exists(&seal_path(&path))?;
+            segments.remove(i + 1);
+            removed += 1;
+        }
+        i += 1;
+    }
+    Ok((deletes_kept_from, removed))
+}
+
+fn remove_if_exists(path: &Path) -> Result<()> {
+    match file::remove_file(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r.with_context(|| format!("cannot remove {}", path.display())),
+    }
+}
+
 /// Finds the next position after `from` where a valid frame starts.
 fn resync(buf: &[u8], from: usize) -> Option<usize> {
     let magic = MAGIC.to_le_bytes();
@@ -358,6 +444,7 @@ impl EmbeddedLog {
             .with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
         let lock = crate::task::lock_dir(dir, "changelog directory")?;
         let mut segments = Vec::new();
+        let mut leftovers = Vec::new();
         for entry in
             std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
         {
@@ -368,9 +455,29 @@ impl EmbeddedLog {
                 .and_then(|b| b.parse::<u64>().ok())
             {
                 segments.push((base, path));
+            } else if name.ends_with(".log.clean") {
+                leftovers.push(path);
             }
         }
         segments.sort();
+        // A clean a crash interrupted before its commit point (the rename)
+        // is dropped; one interrupted after it is finished.
+        for path in &leftovers {
+            file::remove_file(path)
+                .with_context(|| format!("cannot remove unfinished clean {}", path.display()))?;
+        }
+        let (deletes_kept_from, removed) = finish_clean(&mut segments)?;
+        if !leftovers.is_empty() || removed > 0 {
+            file::sync_dir(dir)?;
+            tracing::info!(
+                "changelog: dropped {} unfinished clean(s), removed {removed} segment(s) a clean had replaced",
+                leftovers.len()
+            );
+        }
+        let head_cleaned = match segments.first() {
+            Some((_, p)) => clean::read_header(p)?.is_some(),
+            None => false,
+        };
 
         let mut report = OpenReport::default();
         let mut last = None;
@@ -438,7 +545,184 @@ impl EmbeddedLog {
             unverified,
             failed: None,
             _lock: lock,
+            cleaning: Cleaning {
+                settings: CleanSettings {
+                    mode: CleanMode::Off,
+                    memory_bytes: 256 << 20,
+                },
+                running: None,
+                stopped: None,
+                deletes_kept_from,
+                head_cleaned,
+                totals: CleanStats::default(),
+                cleans: 0,
+            },
         })
+    }
+
+    /// Turns cleaning on (or off): see [`super::clean`]. A background clean
+    /// runs inline while a crash point is armed, so that a crash test's
+    /// steps come in the same order every run.
+    pub fn set_cleaning(&mut self, mut settings: CleanSettings) {
+        if settings.mode == CleanMode::Background && crate::crash::armed_mode().is_some() {
+            settings.mode = CleanMode::Inline;
+        }
+        self.cleaning.settings = settings;
+    }
+
+    /// Cleans every sealed segment now (sealing the active one first if it
+    /// holds commits), dropping deletes below `store_offset`, the offset
+    /// the store is durably committed at. Returns the clean's figures, or
+    /// None if there was nothing to clean.
+    pub fn clean_now(&mut self, store_offset: u64) -> Result<Option<CleanStats>> {
+        if let Some(running) = self.cleaning.running.take() {
+            running.cancel();
+        }
+        self.guarded(|log| {
+            if log.written_len > log.committed_len {
+                bail!("changelog: cannot clean with a transaction open");
+            }
+            if log.committed_len > 0 {
+                log.writer.flush()?;
+                log.roll()?;
+            }
+            let Some(plan) = log.clean_plan(store_offset, true) else {
+                return Ok(None);
+            };
+            let built = clean::build(&plan, &std::sync::atomic::AtomicBool::new(false))?;
+            let Some(built) = built else { return Ok(None) };
+            let stats = built.stats;
+            log.install(built)?;
+            Ok(Some(stats))
+        })
+    }
+
+    /// What cleaning did since open: (cleans installed, their figures).
+    pub fn clean_totals(&self) -> (u64, CleanStats) {
+        (self.cleaning.cleans, self.cleaning.totals)
+    }
+
+    /// The clean to run now, if any: every sealed segment, when the ones
+    /// not yet cleaned hold at least as many bytes as the cleaned head
+    /// (Kafka's dirty ratio of 0.5), or whenever there is one if `force`.
+    fn clean_plan(&self, store_offset: u64, force: bool) -> Option<clean::Plan> {
+        let sealed = &self.segments[..self.segments.len() - 1];
+        if sealed.is_empty() {
+            return None;
+        }
+        let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let (head, dirty) = if self.cleaning.head_cleaned {
+            (len(&sealed[0].1), &sealed[1..])
+        } else {
+            (0, sealed)
+        };
+        let dirty: u64 = dirty.iter().map(|(_, p)| len(p)).sum();
+        if !force && (dirty == 0 || dirty < head) {
+            return None;
+        }
+        Some(clean::Plan {
+            segments: sealed.to_vec(),
+            end: self.segments[self.segments.len() - 1].0,
+            deletes_below: store_offset,
+            memory_bytes: self.cleaning.settings.memory_bytes,
+        })
+    }
+
+    /// After a store commit: installs a finished background clean, or
+    /// starts (or runs inline) one that is due.
+    fn clean_step(&mut self, store_offset: u64) -> Result<()> {
+        if let Some(running) = &self.cleaning.running {
+            if !running.is_finished() {
+                return Ok(());
+            }
+            let running = self.cleaning.running.take().unwrap();
+            return match running.join() {
+                Ok(Some(built)) => self.install(built),
+                Ok(None) => Ok(()),
+                Err(e) => self.stop_cleaning(e),
+            };
+        }
+        if self.cleaning.stopped.is_some() || self.cleaning.settings.mode == CleanMode::Off {
+            return Ok(());
+        }
+        let Some(plan) = self.clean_plan(store_offset, false) else {
+            return Ok(());
+        };
+        match self.cleaning.settings.mode {
+            CleanMode::Background => self.cleaning.running = Some(clean::Background::start(plan)),
+            CleanMode::Inline => {
+                match clean::build(&plan, &std::sync::atomic::AtomicBool::new(false)) {
+                    Ok(Some(built)) => self.install(built)?,
+                    Ok(None) => {}
+                    Err(e) => self.stop_cleaning(e)?,
+                }
+            }
+            CleanMode::Off => unreachable!(),
+        }
+        Ok(())
+    }
+
+    /// A clean that could not be built changes nothing in the log (its
+    /// file is not part of it): say why once and stop cleaning. A failed
+    /// write of its file is an I/O error like any other: returned, so the
+    /// process stops.
+    fn stop_cleaning(&mut self, e: anyhow::Error) -> Result<()> {
+        if e.downcast_ref::<clean::WriteFailed>().is_some() {
+            return Err(e);
+        }
+        tracing::warn!(
+            "changelog cleaning in {} stopped: {e:#}; the changelog grows until the next start",
+            self.dir.display()
+        );
+        self.cleaning.stopped = Some(format!("{e:#}"));
+        Ok(())
+    }
+
+    /// Puts a built clean in place of the segments it covers (the rename is
+    /// the commit point; see [`super::clean`]).
+    fn install(&mut self, built: clean::Built) -> Result<()> {
+        crate::crash::step("clean-built");
+        let (base, first) = self.segments[0].clone();
+        assert_eq!(base, built.base, "a clean replaces the first segment");
+        assert!(
+            built.covers < self.segments.len(),
+            "a clean never covers the active segment"
+        );
+        // Its seal would describe the old file; without one, open scans.
+        remove_if_exists(&seal_path(&first))?;
+        file::sync_dir(&self.dir)?;
+        file::rename(&built.file, &first)?;
+        file::sync_dir(&self.dir)?;
+        crate::crash::step("clean-installed");
+        for (_, path) in &self.segments[1..built.covers] {
+            remove_if_exists(path)?;
+            remove_if_exists(&seal_path(path))?;
+        }
+        file::sync_dir(&self.dir)?;
+        write_seal(&first, built.len, built.last)?;
+        self.segments.drain(1..built.covers);
+        // The covered segments were read whole by the clean: verified.
+        let covers = built.covers;
+        self.unverified = self
+            .unverified
+            .iter()
+            .filter(|&&i| i >= covers)
+            .map(|&i| i - (covers - 1))
+            .collect();
+        let c = &mut self.cleaning;
+        c.deletes_kept_from = c.deletes_kept_from.max(built.deletes_below);
+        c.head_cleaned = true;
+        c.cleans += 1;
+        let (t, s) = (&mut c.totals, built.stats);
+        t.segments_in += s.segments_in;
+        t.bytes_in += s.bytes_in;
+        t.bytes_out += s.bytes_out;
+        t.records_in += s.records_in;
+        t.records_kept += s.records_kept;
+        t.deletes_dropped += s.deletes_dropped;
+        t.commits_kept += s.commits_kept;
+        tracing::debug!(?s, "changelog cleaned");
+        Ok(())
     }
 
     /// Scans the sealed segments a replay from `from` will read, adding any
@@ -612,6 +896,7 @@ impl Changelog for EmbeddedLog {
                 };
                 match frame.kind {
                     KIND_DATA => pending.push(frame.payload),
+                    KIND_CLEANED => {}
                     KIND_COMMIT => {
                         let txn_end = frame.offset + 1;
                         if txn_end > from {
@@ -674,6 +959,26 @@ impl Changelog for EmbeddedLog {
 
     fn last_commit(&self) -> Option<CommitInfo> {
         self.last
+    }
+
+    fn clean_now(&mut self, store_offset: u64) -> Result<Option<CleanStats>> {
+        EmbeddedLog::clean_now(self, store_offset)
+    }
+
+    fn store_committed(&mut self, offset: u64) -> Result<()> {
+        self.guarded(|log| log.clean_step(offset))
+    }
+
+    fn deletes_kept_from(&self) -> u64 {
+        self.cleaning.deletes_kept_from
+    }
+}
+
+impl Drop for EmbeddedLog {
+    fn drop(&mut self) {
+        if let Some(running) = self.cleaning.running.take() {
+            running.cancel();
+        }
     }
 }
 

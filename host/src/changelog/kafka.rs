@@ -24,7 +24,7 @@
 
 use super::{Changelog, CommitInfo, Record, Replayed};
 use anyhow::{anyhow, bail, Context, Result};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -671,5 +671,96 @@ impl Changelog for KafkaLog {
 
     fn last_commit(&self) -> Option<CommitInfo> {
         self.last
+    }
+
+    /// A compacted topic keeps a tombstone at least `delete.retention.ms`
+    /// after it was written (after the first clean of its segment, which
+    /// comes later still). So a replay from `from` sees every delete after
+    /// it while the first record after `from` is younger than that, with
+    /// the timeout to spare for the replay itself.
+    fn deletes_missing_after(&mut self, from: u64) -> Result<Option<String>> {
+        let end = self.end_offset();
+        if from >= end {
+            return Ok(None);
+        }
+        let Some(retention_ms) = self.delete_retention_ms()? else {
+            return Ok(None);
+        };
+        let Some(written_ms) = self.first_timestamp(from, end)? else {
+            return Ok(None);
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let age_ms = now_ms - written_ms;
+        let spare_ms = (self.s.timeout.as_millis() as i64).min(retention_ms / 10);
+        Ok((age_ms + spare_ms > retention_ms).then(|| {
+            format!(
+                "the changelog's first record after offset {from} was written {:.1} s ago, past topic `{}`'s \
+                 delete.retention.ms of {retention_ms} ms: compaction may have removed deletes after it",
+                age_ms as f64 / 1000.0,
+                self.s.topic
+            )
+        }))
+    }
+}
+
+impl KafkaLog {
+    /// The topic's `delete.retention.ms` if it is compacted (None if not).
+    fn delete_retention_ms(&self) -> Result<Option<i64>> {
+        let admin: AdminClient<DefaultClientContext> = client_config(&self.s, &[]).create()?;
+        let options = AdminOptions::new().request_timeout(Some(self.s.timeout));
+        let topic = ResourceSpecifier::Topic(&self.s.topic);
+        let results = futures_executor::block_on(admin.describe_configs([&topic], &options))
+            .map_err(|e| self.error("describe the topic's configs", e))?;
+        let resource = match results.into_iter().next() {
+            Some(Ok(r)) => r,
+            Some(Err(code)) => bail!(
+                "changelog: cannot describe topic `{}`: {code}",
+                self.s.topic
+            ),
+            None => bail!(
+                "changelog: the broker did not describe topic `{}`",
+                self.s.topic
+            ),
+        };
+        let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+        if !value("cleanup.policy").is_some_and(|p| p.contains("compact")) {
+            return Ok(None);
+        }
+        // Kafka's default: one day.
+        Ok(Some(
+            value("delete.retention.ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(86_400_000),
+        ))
+    }
+
+    /// The timestamp (ms) of the first committed record at or after
+    /// `from`, before `end`.
+    fn first_timestamp(&mut self, from: u64, end: u64) -> Result<Option<i64>> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.s.topic, self.s.partition, Offset::Offset(from as i64))?;
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| self.error("assign", e))?;
+        let deadline = Instant::now() + self.s.timeout;
+        let found = loop {
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) if (m.offset() as u64) < end => break Ok(m.timestamp().to_millis()),
+                Some(Ok(_)) | Some(Err(KafkaError::PartitionEOF(_))) => break Ok(None),
+                Some(Err(e)) => break Err(self.error("consume", e)),
+                None if Instant::now() >= deadline => {
+                    break Err(anyhow!(
+                        "changelog: reading topic `{}` partition {} at offset {from} timed out",
+                        self.s.topic,
+                        self.s.partition
+                    ))
+                }
+                None => {}
+            }
+        };
+        let _ = self.consumer.unassign();
+        found
     }
 }

@@ -7,9 +7,11 @@
 //! directory); [`kafka`] keeps the log in a Kafka topic partition
 //! (transactional producer, `read_committed` consumer).
 
+pub mod clean;
 pub mod embedded;
 pub mod kafka;
 
+pub use clean::CleanStats;
 pub use embedded::EmbeddedLog;
 pub use kafka::KafkaLog;
 
@@ -27,7 +29,12 @@ pub struct Opened {
 pub fn open(config: &Config) -> Result<Opened> {
     Ok(match config.changelog.kind {
         ChangelogKind::Embedded => {
-            let log = EmbeddedLog::open(&config.changelog_dir(), config.changelog.segment_bytes)?;
+            let mut log =
+                EmbeddedLog::open(&config.changelog_dir(), config.changelog.segment_bytes)?;
+            log.set_cleaning(embedded::CleanSettings {
+                mode: config.changelog.clean,
+                memory_bytes: config.changelog.clean_memory_bytes,
+            });
             Opened {
                 truncated_bytes: log.report.truncated_bytes,
                 log: Box::new(log),
@@ -101,6 +108,32 @@ pub trait Changelog: Send {
     fn check_replayable(&mut self, from: u64) -> Result<()>;
     /// The last committed transaction, if any.
     fn last_commit(&self) -> Option<CommitInfo>;
+    /// The store is durably committed at `offset` (its recovery never
+    /// returns less, or it wipes): the log may drop what only an older
+    /// store would need. The embedded log cleans itself here.
+    fn store_committed(&mut self, _offset: u64) -> Result<()> {
+        Ok(())
+    }
+    /// Deletes at offsets below this may have been cleaned away (the
+    /// embedded log's own cleaner); 0 when the log cannot say.
+    fn deletes_kept_from(&self) -> u64 {
+        0
+    }
+    /// Why a replay from `from` (a store recovered there, not empty) may
+    /// miss deletes committed after it, if it may: they were cleaned away.
+    /// The task then refuses the store rather than keep deleted keys.
+    fn deletes_missing_after(&mut self, from: u64) -> Result<Option<String>> {
+        let kept_from = self.deletes_kept_from();
+        Ok((from > 0 && from < kept_from)
+            .then(|| format!("the changelog's deletes below offset {kept_from} were cleaned away")))
+    }
+    /// Cleans the whole committed log now, the store being durably at
+    /// `store_offset`; None if there was nothing to clean.
+    fn clean_now(&mut self, _store_offset: u64) -> Result<Option<CleanStats>> {
+        anyhow::bail!(
+            "this changelog is compacted by its broker (a compacted topic), not by txstore"
+        )
+    }
     /// The committed end offset (0 for an empty log).
     fn end_offset(&self) -> u64 {
         self.last_commit().map_or(0, |c| c.offset)

@@ -12,7 +12,7 @@ use crate::{crash, runtime};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -290,6 +290,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Clean the embedded changelog now: every committed segment is
+    /// rewritten keeping each key's latest record, and deletes the store
+    /// no longer needs are dropped (the store is recovered first). `txstore
+    /// run` does the same in the background as segments fill.
+    Compact {
+        /// The config file that names the store.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a guest's world, version and whether it is transactional.
     Inspect {
         /// A built-in name or a .wasm path.
@@ -352,7 +364,7 @@ fn live(config_path: &PathBuf, request: &serve::Request) -> Result<Option<serve:
     serve::ask(&config.state_dir(), request)
 }
 
-fn open(config_path: &PathBuf) -> Result<(Task, RecoveryReport)> {
+fn open(config_path: &Path) -> Result<(Task, RecoveryReport)> {
     let config = Config::load(config_path)?;
     let runtime = runtime_for(&config)?;
     Task::open(&config, &runtime)
@@ -644,6 +656,7 @@ pub fn main(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Compact { config, json } => compact(&config, json),
         Command::Inspect { guest } => inspect(&guest),
     }
 }
@@ -673,6 +686,56 @@ fn conformance(opts: &crate::conformance::Options, json: Option<PathBuf>) -> Res
         .collect();
     if !failed.is_empty() {
         anyhow::bail!("conformance failed for {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Segment files and bytes of an embedded changelog directory.
+fn changelog_size(dir: &Path) -> (u64, u64) {
+    let mut out = (0, 0);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.path().extension().is_some_and(|e| e == "log") {
+            out.0 += 1;
+            out.1 += entry.metadata().map_or(0, |m| m.len());
+        }
+    }
+    out
+}
+
+fn compact(config_path: &Path, json: bool) -> Result<()> {
+    let config = Config::load(config_path)?;
+    let dir = config.changelog_dir();
+    let started = std::time::Instant::now();
+    let (mut task, _) = open(config_path)?;
+    let before = changelog_size(&dir);
+    let stats = task.compact()?;
+    task.close()?;
+    let after = changelog_size(&dir);
+    let seconds = started.elapsed().as_secs_f64();
+    if json {
+        let value = serde_json::json!({
+            "changelog": dir,
+            "segments_before": before.0, "bytes_before": before.1,
+            "segments_after": after.0, "bytes_after": after.1,
+            "clean": stats, "seconds": seconds,
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    match stats {
+        None => println!("changelog {}: nothing to clean ({} bytes)", dir.display(), before.1),
+        Some(s) => println!(
+            "changelog {}: {} segments, {} bytes -> {} segments, {} bytes; kept {} of {} records, dropped {} \
+             deletes, in {seconds:.2} s",
+            dir.display(),
+            before.0,
+            before.1,
+            after.0,
+            after.1,
+            s.records_kept,
+            s.records_in,
+            s.deletes_dropped
+        ),
     }
     Ok(())
 }

@@ -132,6 +132,9 @@ pub fn config(guest: &str, dir: &Path, kafka: Option<&super::KafkaTarget>) -> Co
     config.task.uncommitted_max_bytes = UNCOMMITTED_MAX_BYTES;
     // Small segments, so the workload rolls and seals several of them.
     config.changelog.segment_bytes = SEGMENT_BYTES;
+    // Cleaned as it is sealed, inside the commit: every clean's crash
+    // points come in the same order in every run.
+    config.changelog.clean = crate::config::CleanMode::Inline;
     config
 }
 

@@ -13,7 +13,7 @@ pub mod migrate;
 pub mod processor;
 pub mod serve;
 
-use crate::changelog::{Changelog, Record, Replayed};
+use crate::changelog::{Changelog, CleanStats, Record, Replayed};
 use crate::checkpoint::Checkpoint;
 use crate::config::{BackendKind, Config, Guarantee};
 use crate::crash;
@@ -276,6 +276,17 @@ impl Task {
                 );
             }
         }
+        // A store older than what the changelog's cleaning (or a Kafka
+        // topic's compaction) kept deletes for could keep deleted keys.
+        if let Some(k) = recovery.offset.filter(|&k| k > 0) {
+            if let Some(why) = task.changelog.deletes_missing_after(k)? {
+                bail!(
+                    "guest {label} recovered to offset {k}, but {why}, so a replay from {k} could keep deleted keys; \
+                     nothing was changed: move {} aside to rebuild the store from the changelog",
+                    state_dir.join("store").display()
+                );
+            }
+        }
         task.changelog
             .check_replayable(recovery.offset.unwrap_or(0))?;
         let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
@@ -317,6 +328,10 @@ impl Task {
         // are harmless (replay writes absolute values and repeats them).
         let mut safe = start;
         let instance = &mut self.instance;
+        // Below the bound of a clean's dropped deletes, a commit offset
+        // does not name a state the store had (a cleaned log skips values
+        // and deletes), so an early commit there claims the start.
+        let kept_from = self.changelog.deletes_kept_from();
         let mut flushes = 0u64;
         let mut flush = |batch: &mut Vec<Replayed>, safe: &mut u64| -> Result<()> {
             let mut run: Vec<Record> = Vec::new();
@@ -326,7 +341,9 @@ impl Task {
                     Replayed::Commit(o) => {
                         apply_with_early_commit(instance, &run, *safe)?;
                         run.clear();
-                        *safe = o;
+                        if o >= kept_from {
+                            *safe = o;
+                        }
                     }
                 }
             }
@@ -357,6 +374,7 @@ impl Task {
         }
         if end > 0 {
             self.instance.commit(end)?;
+            self.changelog.store_committed(end)?;
         }
         Ok((records, txns))
     }
@@ -484,11 +502,23 @@ impl Task {
             self.checkpoint.write(offset)?;
             crash::step("after-checkpoint");
         }
+        self.changelog.store_committed(offset)?;
         self.stats.commits += 1;
         self.pending_records = 0;
         self.pending_writes = 0;
         self.last_commit = Instant::now();
         Ok(())
+    }
+
+    /// Cleans the changelog now (everything committed, down to each key's
+    /// latest record); the store, recovered at open, is durably at the
+    /// log's end. None if there was nothing to clean.
+    pub fn compact(&mut self) -> Result<Option<CleanStats>> {
+        if self.pending_records > 0 || self.pending_writes > 0 {
+            self.commit()?;
+        }
+        let end = self.changelog.end_offset();
+        self.changelog.clean_now(end)
     }
 
     /// Commits what is pending and writes the checkpoint: a clean stop.

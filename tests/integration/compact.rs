@@ -1,0 +1,169 @@
+//! The embedded changelog's cleaner, end to end: a long kv run keeps the
+//! changelog bounded by the live state, and crashes and power cuts inside
+//! a clean leave the store equal to an oracle computed from the input.
+
+use crate::common::{ok, recover_json, stderr, txstore, txstore_env, write_config};
+use crate::protocol::run_crashing;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const SEGMENT: u64 = 16 << 10;
+
+/// `lines` kv lines over `keys` keys, one in five a delete (seeded).
+fn kv_input(dir: &Path, lines: usize, keys: u64) -> PathBuf {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut text = String::new();
+    for i in 0..lines {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let key = x % keys;
+        if x % 5 == 0 {
+            text.push_str(&format!("key{key:05}\n"));
+        } else {
+            text.push_str(&format!(
+                "key{key:05}\tvalue-{i}-{}\n",
+                "x".repeat((x % 40) as usize)
+            ));
+        }
+    }
+    let path = dir.join("input.tsv");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The oracle: the input applied to a map, line by line.
+fn oracle(input: &Path) -> BTreeMap<String, String> {
+    let mut state = BTreeMap::new();
+    for line in std::fs::read_to_string(input).unwrap().lines() {
+        match line.split_once('\t') {
+            Some((k, v)) => state.insert(k.to_string(), v.to_string()),
+            None => state.remove(line),
+        };
+    }
+    state
+}
+
+fn scan(config: &Path) -> BTreeMap<String, String> {
+    ok(&txstore(&["scan", "--config", config.to_str().unwrap()]))
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('\t').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn config(dir: &Path, guest: &str) -> PathBuf {
+    write_config(
+        dir,
+        guest,
+        &format!(
+            "[task]\nprocessor = \"kv\"\ninput = \"input.tsv\"\ncommit_interval_records = 50\n\
+             commit_interval_ms = 60000\n[changelog]\nsegment_bytes = {SEGMENT}\n"
+        ),
+    )
+}
+
+/// Bytes of the changelog's segment files.
+fn changelog_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir.join("state/changelog"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+/// What the live state takes in changelog frames (header, key, value).
+fn live_bytes(state: &BTreeMap<String, String>) -> u64 {
+    state
+        .iter()
+        .map(|(k, v)| (26 + k.len() + v.len()) as u64)
+        .sum()
+}
+
+/// History is 40 times the live state; the changelog stays within twice
+/// the live state and a few segments, `compact` brings it to about the
+/// live state, and a wipe-on-crash store replays the live state, not the
+/// history.
+#[test]
+fn a_long_run_keeps_the_changelog_bounded_by_the_live_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = kv_input(dir.path(), 40_000, 1000);
+    let want = oracle(&input);
+    let live = live_bytes(&want);
+    let config = config(dir.path(), "wipe-on-crash");
+    let out = txstore_env(&["run", "--config", config.to_str().unwrap()], &[]);
+    ok(&out);
+    assert_eq!(scan(&config), want);
+    let after_run = changelog_bytes(dir.path());
+    assert!(
+        after_run <= 2 * live + 4 * SEGMENT,
+        "changelog {after_run} bytes after the run, live state {live}"
+    );
+    let out = ok(&txstore(&["compact", "--config", config.to_str().unwrap()]));
+    assert!(out.contains("segments"), "{out}");
+    let compacted = changelog_bytes(dir.path());
+    assert!(
+        compacted <= live + live / 4 + 4096,
+        "changelog {compacted} bytes after compact, live state {live}"
+    );
+    assert_eq!(scan(&config), want);
+
+    // An unclean stop: the wiped store replays about one record per key.
+    let more = kv_input(dir.path(), 44_000, 1000);
+    run_crashing(&config, "after-write@3000");
+    let report = recover_json(&config);
+    assert_eq!(report["action"], "wiped", "{report}");
+    let replayed = report["replayed_records"].as_u64().unwrap();
+    assert!(
+        replayed < 2 * 1000 + 3000,
+        "replayed {replayed} records: {report}"
+    );
+    let out = txstore_env(&["run", "--config", config.to_str().unwrap()], &[]);
+    ok(&out);
+    assert_eq!(scan(&config), oracle(&more));
+}
+
+/// A crash or a power cut at each step of a clean's install, for a
+/// strategy that wipes and ones that recover in place: the store ends
+/// equal to the oracle, and no `.clean` file or covered segment stays.
+#[test]
+fn crashes_and_power_cuts_inside_a_clean_keep_the_store_exact() {
+    for guest in ["wipe-on-crash", "roll-forward", "buffered"] {
+        let dir = tempfile::tempdir().unwrap();
+        let input = kv_input(dir.path(), 6_000, 150);
+        let config = config(dir.path(), guest);
+        for point in [
+            "clean-built",
+            "clean-installed+power",
+            "clean-built@2+power:7",
+            "clean-installed@2",
+            "after-store-commit@20+power:3",
+        ] {
+            let out = txstore_env(
+                &["run", "--config", config.to_str().unwrap()],
+                &[("TXSTORE_CRASH_AT", point), ("TXSTORE_POWER_SIM", "1")],
+            );
+            assert!(
+                stderr(&out).contains(&format!("crash point {point} reached")),
+                "{guest}: {point} not reached: {}",
+                stderr(&out)
+            );
+        }
+        let out = txstore_env(
+            &["run", "--config", config.to_str().unwrap()],
+            &[("TXSTORE_POWER_SIM", "1")],
+        );
+        ok(&out);
+        assert_eq!(scan(&config), oracle(&input), "{guest}");
+        for entry in std::fs::read_dir(dir.path().join("state/changelog"))
+            .unwrap()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().to_string();
+            assert!(!name.ends_with(".clean"), "{guest}: {name} left behind");
+        }
+    }
+}
