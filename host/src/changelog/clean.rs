@@ -36,7 +36,10 @@
 //! offset; past `memory_bytes` the clean covers only the segments indexed
 //! whole (at least one), and the rest waits for the next clean.
 
-use super::embedded::{decode, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA, MAX_FRAME, OP_DELETE};
+use super::embedded::{
+    decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA, MAX_FRAME,
+    OP_DELETE,
+};
 use super::CommitInfo;
 use crate::file::{self, File};
 use anyhow::{bail, Context, Result};
@@ -63,6 +66,9 @@ pub struct Plan {
     pub deletes_below: u64,
     /// The most the key index may hold.
     pub memory_bytes: usize,
+    /// A group of segments rewritten and installed at once holds at most
+    /// this many bytes (or one segment).
+    pub group_bytes: u64,
 }
 
 /// Figures of one clean.
@@ -241,12 +247,19 @@ fn data_key<'a>(payload: &'a [u8], path: &Path) -> Result<(u8, &'a [u8])> {
     Ok((op, rest.get(4..4 + klen).ok_or_else(bad)?))
 }
 
-/// Builds the clean `plan` asks for into a durable `.clean` file. Returns
-/// None when there is nothing to gain (or `cancel` was set).
-pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
+/// Each key's latest offset in the segments a clean covers.
+struct Index {
+    latest: HashMap<Vec<u8>, u64>,
+    /// How many of the plan's segments (a prefix) were indexed whole.
+    covers: usize,
+    /// The plan's bound, raised to its inputs' own.
+    deletes_below: u64,
+}
+
+/// Pass 1: each key's latest offset, over as many whole segments as the
+/// memory bound allows. None if `cancel` was set.
+fn index(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Index>> {
     assert!(!plan.segments.is_empty(), "a clean needs a segment");
-    // Pass 1: each key's latest offset, over as many whole segments as
-    // the memory bound allows.
     let mut latest: HashMap<Vec<u8>, u64> = HashMap::new();
     let mut index_bytes = 0usize;
     let mut covers = 0;
@@ -281,7 +294,7 @@ pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
                         }
                     }
                 }
-                KIND_CLEANED if i == 0 => {
+                KIND_CLEANED => {
                     let h = decode_header(&frame.payload).with_context(|| {
                         format!("cleaned segment {} has a bad header", path.display())
                     })?;
@@ -298,8 +311,24 @@ pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
         covers = i + 1;
     }
 
-    // Pass 2: write what is kept.
-    let (base, first) = &plan.segments[0];
+    Ok(Some(Index {
+        latest,
+        covers,
+        deletes_below,
+    }))
+}
+
+/// Pass 2: writes what `segments` (consecutive, indexed by `idx`) keep
+/// into one durable `.clean` file that takes the first one's place and
+/// covers up to `end`. None if `cancel` was set.
+fn write_group(
+    segments: &[(u64, PathBuf)],
+    end: u64,
+    idx: &Index,
+    cancel: &AtomicBool,
+) -> Result<Option<Built>> {
+    let (latest, deletes_below, covers) = (&idx.latest, idx.deletes_below, segments.len());
+    let (base, first) = &segments[0];
     let out_path = building_path(first);
     let mut out = BufWriter::with_capacity(1 << 16, File::create(&out_path).map_err(WriteFailed)?);
     let mut stats = CleanStats {
@@ -307,8 +336,6 @@ pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
         ..CleanStats::default()
     };
     let mut last: Option<CommitInfo> = None;
-    // The covered range ends where the segment after it starts.
-    let end = plan.segments.get(covers).map_or(plan.end, |(b, _)| *b);
     let mut header = Vec::new();
     super::embedded::encode(
         &mut header,
@@ -321,7 +348,7 @@ pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
     let mut kept_since_commit = 0u64;
     // Offsets must increase through a cleaned segment.
     let mut previous: Option<u64> = None;
-    for (i, (_, path)) in plan.segments[..covers].iter().enumerate() {
+    for (i, (_, path)) in segments.iter().enumerate() {
         stats.bytes_in += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let mut frames = open_frames(path)?;
         // Commit frames are kept only after data: the covered range's
@@ -411,19 +438,143 @@ pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
     }))
 }
 
+/// Builds one `.clean` file for every segment of `plan` the index covers
+/// (a clean in one piece: `txstore compact`'s last step, and tests).
+pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
+    let Some(idx) = index(plan, cancel)? else {
+        return Ok(None);
+    };
+    let end = plan.segments.get(idx.covers).map_or(plan.end, |(b, _)| *b);
+    write_group(&plan.segments[..idx.covers], end, &idx, cancel)
+}
+
+/// One group a clean put in place: `covers` segments from `base` replaced
+/// by one cleaned segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Installed {
+    pub base: u64,
+    pub covers: usize,
+    pub deletes_below: u64,
+    pub stats: CleanStats,
+}
+
+/// Why a clean stopped early.
+#[derive(Debug)]
+pub enum Stopped {
+    /// The log is unchanged where the clean did not reach (damage, the
+    /// memory bound): cleaning stops, the task goes on.
+    Skipped(anyhow::Error),
+    /// A write, fsync, rename or remove of the host's files failed: like
+    /// any failed I/O of the log, the process stops.
+    Io(anyhow::Error),
+    Cancelled,
+}
+
+/// What a clean did: the groups it installed, in order, then why it
+/// stopped, if it did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub installed: Vec<Installed>,
+    pub stopped: Option<Stopped>,
+}
+
+/// Cleans `plan` group by group, in offset order: each group of
+/// consecutive segments (at most `group_bytes` of them, or one) is
+/// rewritten and installed before the next is built, so a clean needs at
+/// most one group's bytes of extra disk. A crash between groups leaves the
+/// groups before it cleaned and those after it as they were: each key's
+/// latest record is still in the log (a record is dropped only for a later
+/// one of its key, in a group at or after its own), and a dropped delete's
+/// older puts were in the groups already cleaned.
+pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
+    let mut out = Outcome::default();
+    let idx = match index(plan, cancel) {
+        Ok(Some(idx)) => idx,
+        Ok(None) => {
+            out.stopped = Some(Stopped::Cancelled);
+            return out;
+        }
+        Err(e) => {
+            out.stopped = Some(Stopped::Skipped(e));
+            return out;
+        }
+    };
+    let segments = &plan.segments[..idx.covers];
+    let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let mut start = 0;
+    while start < segments.len() {
+        let mut bytes = len(&segments[start].1);
+        let mut stop = start + 1;
+        while stop < segments.len() && bytes + len(&segments[stop].1) <= plan.group_bytes {
+            bytes += len(&segments[stop].1);
+            stop += 1;
+        }
+        let end = plan.segments.get(stop).map_or(plan.end, |(b, _)| *b);
+        let group = &segments[start..stop];
+        let built = match write_group(group, end, &idx, cancel) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                out.stopped = Some(Stopped::Cancelled);
+                return out;
+            }
+            Err(e) if e.downcast_ref::<WriteFailed>().is_some() => {
+                out.stopped = Some(Stopped::Io(e));
+                return out;
+            }
+            Err(e) => {
+                out.stopped = Some(Stopped::Skipped(e));
+                return out;
+            }
+        };
+        if let Err(e) = install(dir, group, &built) {
+            out.stopped = Some(Stopped::Io(e));
+            return out;
+        }
+        out.installed.push(Installed {
+            base: built.base,
+            covers: built.covers,
+            deletes_below: built.deletes_below,
+            stats: built.stats,
+        });
+        start = stop;
+    }
+    out
+}
+
+/// Puts a built group in place of its segments: the first one's seal is
+/// removed (it describes the old file; without one, open scans), the
+/// built file renamed over it (the commit point), then the others removed
+/// and the new seal written.
+fn install(dir: &Path, group: &[(u64, PathBuf)], built: &Built) -> Result<()> {
+    crate::crash::step("clean-built");
+    let first = &group[0].1;
+    assert_eq!(group[0].0, built.base, "a group's clean takes its first segment's place");
+    remove_if_exists(&seal_path(first))?;
+    file::sync_dir(dir)?;
+    file::rename(&built.file, first)?;
+    file::sync_dir(dir)?;
+    crate::crash::step("clean-installed");
+    for (_, path) in &group[1..] {
+        remove_if_exists(path)?;
+        remove_if_exists(&seal_path(path))?;
+    }
+    file::sync_dir(dir)?;
+    write_seal(first, built.len, built.last)
+}
+
 /// A clean running on its own thread.
 pub struct Background {
-    handle: std::thread::JoinHandle<Result<Option<Built>>>,
+    handle: std::thread::JoinHandle<Outcome>,
     cancel: Arc<AtomicBool>,
 }
 
 impl Background {
-    pub fn start(plan: Plan) -> Self {
+    pub fn start(plan: Plan, dir: PathBuf) -> Self {
         let cancel = Arc::new(AtomicBool::new(false));
         let flag = cancel.clone();
         let handle = std::thread::Builder::new()
             .name("txstore-cleaner".into())
-            .spawn(move || build(&plan, &flag))
+            .spawn(move || run(&plan, &dir, &flag))
             .expect("spawning the changelog cleaner thread");
         Background { handle, cancel }
     }
@@ -432,21 +583,22 @@ impl Background {
         self.handle.is_finished()
     }
 
-    /// Waits for the build.
-    pub fn join(self) -> Result<Option<Built>> {
-        match self.handle.join() {
-            Ok(r) => r,
-            Err(_) => bail!("the changelog cleaner thread panicked"),
-        }
+    /// Waits for the clean. A panic leaves unknown what it installed: the
+    /// log must stop (the next open sorts the segments out).
+    pub fn join(self) -> Outcome {
+        self.handle.join().unwrap_or_else(|_| Outcome {
+            installed: Vec::new(),
+            stopped: Some(Stopped::Io(anyhow::anyhow!(
+                "the changelog cleaner thread panicked"
+            ))),
+        })
     }
 
-    /// Stops the build and waits for it (its file is removed, or left for
-    /// the next open to remove).
-    pub fn cancel(self) {
+    /// Stops the clean after the group it is in (a half-built group's file
+    /// is removed, or left for the next open) and waits for it.
+    pub fn cancel(self) -> Outcome {
         self.cancel.store(true, Ordering::Relaxed);
-        if let Ok(Ok(Some(built))) = self.handle.join() {
-            let _ = file::remove_file(&built.file);
-        }
+        self.join()
     }
 }
 
@@ -532,7 +684,7 @@ mod tests {
             drop(log);
             assert!(kept_from > 0, "seed {seed}: nothing was cleaned");
             assert!(
-                segments < 6,
+                segments < 12,
                 "seed {seed}: {segments} segments after cleaning"
             );
             assert_eq!(
@@ -560,7 +712,12 @@ mod tests {
         let mut log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
         let stats = log.clean_now(end).unwrap().expect("something to clean");
         assert_eq!(stats.records_kept, last.len() as u64, "{stats:?}");
-        assert_eq!(log.segments().count(), 2);
+        // Frames of the live entries, a header and a commit per segment.
+        let live: u64 = last.iter().map(|(k, v)| 26 + (k.len() + v.len()) as u64).sum();
+        let segments: Vec<PathBuf> = log.segments().map(Path::to_path_buf).collect();
+        let bytes: u64 = segments.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+        assert!(bytes <= live + 70 * segments.len() as u64, "{bytes} bytes for {live} live");
+        assert_eq!(std::fs::metadata(segments.last().unwrap()).unwrap().len(), 0);
         drop(log);
         assert_eq!(replayed(dir.path(), State::new(), 0), last);
         assert_eq!(replayed(dir.path(), last.clone(), end), last);
@@ -602,6 +759,7 @@ mod tests {
                 segments: sealed.clone(),
                 deletes_below: end,
                 memory_bytes: 1 << 20,
+                group_bytes: u64::MAX,
             };
             let built = build(&plan, &AtomicBool::new(false)).unwrap().unwrap();
             assert_eq!(built.covers, sealed.len());
@@ -651,6 +809,7 @@ mod tests {
             segments: segments[..segments.len() - 1].to_vec(),
             deletes_below: 0,
             memory_bytes: 30 * (8 + INDEX_OVERHEAD),
+            group_bytes: u64::MAX,
         };
         let built = build(&plan, &AtomicBool::new(false)).unwrap().unwrap();
         assert!(

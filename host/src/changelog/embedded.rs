@@ -118,8 +118,8 @@ struct Cleaning {
     stopped: Option<String>,
     /// Deletes below this offset may have been cleaned away.
     deletes_kept_from: u64,
-    /// The first segment is a cleaned one.
-    head_cleaned: bool,
+    /// The base offsets of the segments a clean wrote.
+    cleaned: std::collections::BTreeSet<u64>,
     totals: CleanStats,
     cleans: u64,
 }
@@ -201,7 +201,7 @@ fn segment_path(dir: &Path, first_offset: u64) -> PathBuf {
     dir.join(format!("{first_offset:020}.log"))
 }
 
-fn seal_path(segment: &Path) -> PathBuf {
+pub(super) fn seal_path(segment: &Path) -> PathBuf {
     segment.with_extension("seal")
 }
 
@@ -268,7 +268,7 @@ fn read_seal(segment: &Path) -> Option<CommitInfo> {
 }
 
 /// Writes `segment`'s seal atomically and durably.
-fn write_seal(segment: &Path, len: u64, last: CommitInfo) -> Result<()> {
+pub(super) fn write_seal(segment: &Path, len: u64, last: CommitInfo) -> Result<()> {
     file::write_atomic(&seal_path(segment), &encode_seal(len, last))?;
     Ok(())
 }
@@ -387,7 +387,10 @@ fn check_follows(path: &Path, base: u64, before: Option<CommitInfo>) -> Result<(
 /// Removes the segments a cleaned segment covers (left by a crash after
 /// the clean's commit point). Returns the highest bound below which
 /// deletes were cleaned away, and how many segments it removed.
-fn finish_clean(segments: &mut Vec<(u64, PathBuf)>) -> Result<(u64, usize)> {
+fn finish_clean(
+    segments: &mut Vec<(u64, PathBuf)>,
+) -> Result<(u64, usize, std::collections::BTreeSet<u64>)> {
+    let mut cleaned = std::collections::BTreeSet::new();
     let mut deletes_kept_from = 0;
     let mut removed = 0;
     let mut i = 0;
@@ -397,6 +400,7 @@ fn finish_clean(segments: &mut Vec<(u64, PathBuf)>) -> Result<(u64, usize)> {
             continue;
         };
         deletes_kept_from = deletes_kept_from.max(h.deletes_below);
+        cleaned.insert(segments[i].0);
         while let Some((base, path)) = segments.get(i + 1).cloned() {
             if base >= h.end {
                 break;
@@ -419,10 +423,10 @@ fn finish_clean(segments: &mut Vec<(u64, PathBuf)>) -> Result<(u64, usize)> {
         }
         i += 1;
     }
-    Ok((deletes_kept_from, removed))
+    Ok((deletes_kept_from, removed, cleaned))
 }
 
-fn remove_if_exists(path: &Path) -> Result<()> {
+pub(super) fn remove_if_exists(path: &Path) -> Result<()> {
     match file::remove_file(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         r => r.with_context(|| format!("cannot remove {}", path.display())),
@@ -466,7 +470,7 @@ impl EmbeddedLog {
             file::remove_file(path)
                 .with_context(|| format!("cannot remove unfinished clean {}", path.display()))?;
         }
-        let (deletes_kept_from, removed) = finish_clean(&mut segments)?;
+        let (deletes_kept_from, removed, cleaned) = finish_clean(&mut segments)?;
         if !leftovers.is_empty() || removed > 0 {
             file::sync_dir(dir)?;
             tracing::info!(
@@ -474,10 +478,6 @@ impl EmbeddedLog {
                 leftovers.len()
             );
         }
-        let head_cleaned = match segments.first() {
-            Some((_, p)) => clean::read_header(p)?.is_some(),
-            None => false,
-        };
 
         let mut report = OpenReport::default();
         let mut last = None;
@@ -553,7 +553,7 @@ impl EmbeddedLog {
                 running: None,
                 stopped: None,
                 deletes_kept_from,
-                head_cleaned,
+                cleaned,
                 totals: CleanStats::default(),
                 cleans: 0,
             },
@@ -576,7 +576,8 @@ impl EmbeddedLog {
     /// None if there was nothing to clean.
     pub fn clean_now(&mut self, store_offset: u64) -> Result<Option<CleanStats>> {
         if let Some(running) = self.cleaning.running.take() {
-            running.cancel();
+            let outcome = running.cancel();
+            self.guarded(|log| log.apply(outcome).map(|_| ()))?;
         }
         self.guarded(|log| {
             if log.written_len > log.committed_len {
@@ -589,35 +590,44 @@ impl EmbeddedLog {
             let Some(plan) = log.clean_plan(store_offset, true) else {
                 return Ok(None);
             };
-            let built = clean::build(&plan, &std::sync::atomic::AtomicBool::new(false))?;
-            let Some(built) = built else { return Ok(None) };
-            let stats = built.stats;
-            log.install(built)?;
+            let outcome = clean::run(&plan, &log.dir, &std::sync::atomic::AtomicBool::new(false));
+            if let Some(clean::Stopped::Skipped(e)) = outcome.stopped {
+                return Err(e);
+            }
+            let stats = log.apply(outcome)?;
             Ok(Some(stats))
         })
     }
 
-    /// What cleaning did since open: (cleans installed, their figures).
+    /// What cleaning did since open: (groups installed, their figures).
     pub fn clean_totals(&self) -> (u64, CleanStats) {
         (self.cleaning.cleans, self.cleaning.totals)
     }
 
-    /// The clean to run now, if any: every sealed segment, when the ones
-    /// not yet cleaned hold at least as many bytes as the cleaned head
-    /// (Kafka's dirty ratio of 0.5), or whenever there is one if `force`.
+    /// The clean to run now, if any: every sealed segment, once the ones no
+    /// clean wrote hold a segment's bytes and half the cleaned ones' (a
+    /// dirty ratio of 1/3); or whenever there is one if `force`. Disk then
+    /// peaks near 1.5 times the live state and three segments (cleaned,
+    /// half as much dirty and the segment that crossed the line, the
+    /// active one, one group being rewritten): within twice the live state
+    /// and one segment once the state holds four segments. Each clean
+    /// rewrites about three bytes per byte of history it takes in.
     fn clean_plan(&self, store_offset: u64, force: bool) -> Option<clean::Plan> {
         let sealed = &self.segments[..self.segments.len() - 1];
         if sealed.is_empty() {
             return None;
         }
         let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-        let (head, dirty) = if self.cleaning.head_cleaned {
-            (len(&sealed[0].1), &sealed[1..])
-        } else {
-            (0, sealed)
-        };
-        let dirty: u64 = dirty.iter().map(|(_, p)| len(p)).sum();
-        if !force && (dirty == 0 || dirty < head) {
+        let (mut cleaned, mut dirty) = (0u64, 0u64);
+        for (base, path) in sealed {
+            if self.cleaning.cleaned.contains(base) {
+                cleaned += len(path);
+            } else {
+                dirty += len(path);
+            }
+        }
+        let due = dirty >= self.segment_bytes.max(cleaned / 2);
+        if !force && !due {
             return None;
         }
         Some(clean::Plan {
@@ -625,22 +635,19 @@ impl EmbeddedLog {
             end: self.segments[self.segments.len() - 1].0,
             deletes_below: store_offset,
             memory_bytes: self.cleaning.settings.memory_bytes,
+            group_bytes: self.segment_bytes,
         })
     }
 
-    /// After a store commit: installs a finished background clean, or
+    /// After a store commit: takes in a finished background clean, or
     /// starts (or runs inline) one that is due.
     fn clean_step(&mut self, store_offset: u64) -> Result<()> {
         if let Some(running) = &self.cleaning.running {
             if !running.is_finished() {
                 return Ok(());
             }
-            let running = self.cleaning.running.take().unwrap();
-            return match running.join() {
-                Ok(Some(built)) => self.install(built),
-                Ok(None) => Ok(()),
-                Err(e) => self.stop_cleaning(e),
-            };
+            let outcome = self.cleaning.running.take().unwrap().join();
+            return self.apply(outcome).map(|_| ());
         }
         if self.cleaning.stopped.is_some() || self.cleaning.settings.mode == CleanMode::Off {
             return Ok(());
@@ -649,80 +656,78 @@ impl EmbeddedLog {
             return Ok(());
         };
         match self.cleaning.settings.mode {
-            CleanMode::Background => self.cleaning.running = Some(clean::Background::start(plan)),
+            CleanMode::Background => {
+                self.cleaning.running = Some(clean::Background::start(plan, self.dir.clone()))
+            }
             CleanMode::Inline => {
-                match clean::build(&plan, &std::sync::atomic::AtomicBool::new(false)) {
-                    Ok(Some(built)) => self.install(built)?,
-                    Ok(None) => {}
-                    Err(e) => self.stop_cleaning(e)?,
-                }
+                let outcome =
+                    clean::run(&plan, &self.dir, &std::sync::atomic::AtomicBool::new(false));
+                self.apply(outcome)?;
             }
             CleanMode::Off => unreachable!(),
         }
         Ok(())
     }
 
-    /// A clean that could not be built changes nothing in the log (its
-    /// file is not part of it): say why once and stop cleaning. A failed
-    /// write of its file is an I/O error like any other: returned, so the
-    /// process stops.
-    fn stop_cleaning(&mut self, e: anyhow::Error) -> Result<()> {
-        if e.downcast_ref::<clean::WriteFailed>().is_some() {
-            return Err(e);
+    /// Takes in what a clean installed (its files are in place already),
+    /// then acts on why it stopped: damage or the memory bound stop
+    /// cleaning with one warning; an I/O error is returned, so the log
+    /// fails and the process stops. Returns the figures of what it did.
+    fn apply(&mut self, outcome: clean::Outcome) -> Result<CleanStats> {
+        let mut total = CleanStats::default();
+        let unverified: Vec<u64> = self.unverified.iter().map(|&i| self.segments[i].0).collect();
+        for g in &outcome.installed {
+            let at = self
+                .segments
+                .iter()
+                .position(|(b, _)| *b == g.base)
+                .expect("a clean's group starts at a segment of the log");
+            assert!(
+                at + g.covers < self.segments.len(),
+                "a clean never covers the active segment"
+            );
+            for (base, _) in self.segments.drain(at + 1..at + g.covers) {
+                self.cleaning.cleaned.remove(&base);
+            }
+            let c = &mut self.cleaning;
+            c.cleaned.insert(g.base);
+            c.deletes_kept_from = c.deletes_kept_from.max(g.deletes_below);
+            c.cleans += 1;
+            for t in [&mut c.totals, &mut total] {
+                let s = g.stats;
+                t.segments_in += s.segments_in;
+                t.bytes_in += s.bytes_in;
+                t.bytes_out += s.bytes_out;
+                t.records_in += s.records_in;
+                t.records_kept += s.records_kept;
+                t.deletes_dropped += s.deletes_dropped;
+                t.commits_kept += s.commits_kept;
+            }
         }
-        tracing::warn!(
-            "changelog cleaning in {} stopped: {e:#}; the changelog grows until the next start",
-            self.dir.display()
-        );
-        self.cleaning.stopped = Some(format!("{e:#}"));
-        Ok(())
-    }
-
-    /// Puts a built clean in place of the segments it covers (the rename is
-    /// the commit point; see [`super::clean`]).
-    fn install(&mut self, built: clean::Built) -> Result<()> {
-        crate::crash::step("clean-built");
-        let (base, first) = self.segments[0].clone();
-        assert_eq!(base, built.base, "a clean replaces the first segment");
-        assert!(
-            built.covers < self.segments.len(),
-            "a clean never covers the active segment"
-        );
-        // Its seal would describe the old file; without one, open scans.
-        remove_if_exists(&seal_path(&first))?;
-        file::sync_dir(&self.dir)?;
-        file::rename(&built.file, &first)?;
-        file::sync_dir(&self.dir)?;
-        crate::crash::step("clean-installed");
-        for (_, path) in &self.segments[1..built.covers] {
-            remove_if_exists(path)?;
-            remove_if_exists(&seal_path(path))?;
-        }
-        file::sync_dir(&self.dir)?;
-        write_seal(&first, built.len, built.last)?;
-        self.segments.drain(1..built.covers);
-        // The covered segments were read whole by the clean: verified.
-        let covers = built.covers;
+        // A clean reads every segment it covers whole: those are verified.
+        let installed: Vec<u64> = outcome.installed.iter().map(|g| g.base).collect();
         self.unverified = self
-            .unverified
+            .segments
             .iter()
-            .filter(|&&i| i >= covers)
-            .map(|&i| i - (covers - 1))
+            .enumerate()
+            .filter(|(_, (b, _))| unverified.contains(b) && !installed.contains(b))
+            .map(|(i, _)| i)
             .collect();
-        let c = &mut self.cleaning;
-        c.deletes_kept_from = c.deletes_kept_from.max(built.deletes_below);
-        c.head_cleaned = true;
-        c.cleans += 1;
-        let (t, s) = (&mut c.totals, built.stats);
-        t.segments_in += s.segments_in;
-        t.bytes_in += s.bytes_in;
-        t.bytes_out += s.bytes_out;
-        t.records_in += s.records_in;
-        t.records_kept += s.records_kept;
-        t.deletes_dropped += s.deletes_dropped;
-        t.commits_kept += s.commits_kept;
-        tracing::debug!(?s, "changelog cleaned");
-        Ok(())
+        if !outcome.installed.is_empty() {
+            tracing::debug!(groups = outcome.installed.len(), ?total, "changelog cleaned");
+        }
+        match outcome.stopped {
+            None | Some(clean::Stopped::Cancelled) => Ok(total),
+            Some(clean::Stopped::Skipped(e)) => {
+                tracing::warn!(
+                    "changelog cleaning in {} stopped: {e:#}; the changelog grows until the next start",
+                    self.dir.display()
+                );
+                self.cleaning.stopped = Some(format!("{e:#}"));
+                Ok(total)
+            }
+            Some(clean::Stopped::Io(e)) => Err(e),
+        }
     }
 
     /// Scans the sealed segments a replay from `from` will read, adding any
@@ -977,7 +982,8 @@ impl Changelog for EmbeddedLog {
 impl Drop for EmbeddedLog {
     fn drop(&mut self) {
         if let Some(running) = self.cleaning.running.take() {
-            running.cancel();
+            // What it installed is on disk; open takes it in next time.
+            let _ = running.cancel();
         }
     }
 }
