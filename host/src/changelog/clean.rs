@@ -1,7 +1,7 @@
 //! The log cleaner of the embedded changelog, in the spirit of Kafka's
-//! compacted topics: sealed segments are rewritten into one *cleaned*
-//! segment that keeps, for each key, only its latest record, at its
-//! original offset.
+//! compacted topics: sealed segments are rewritten into *cleaned* segments
+//! that keep, for each key, only its latest record, at its original
+//! offset.
 //!
 //! What a cleaned segment keeps, and why a replay from it is exact:
 //! - every key's latest record in the cleaned range. A replay writes
@@ -12,7 +12,7 @@
 //!   store already holds its effect, and a wiped store (replaying from 0)
 //!   never had the key. The bound is written in the segment's header, and a
 //!   store that recovers to an offset between 0 and it is refused (see
-//!   `Changelog::deletes_kept_from`);
+//!   `Changelog::deletes_missing_after`);
 //! - the last commit frame (its offset ends the range, its payload is the
 //!   input position) and one commit frame per [`COMMIT_EVERY`] kept data
 //!   frames, so a replay can still commit (and a crash resume) part-way.
@@ -23,22 +23,26 @@
 //! base offset) naming the end of the range it covers and `deletes_below`;
 //! its frames carry increasing, no longer consecutive, offsets.
 //!
-//! The clean is built into `BASE.log.clean` beside the segments (read-only
-//! use of the sealed segments, so it may run on a thread while the task
-//! appends), fsynced, then installed by the log: the first segment's seal is
-//! removed, the built file renamed over the first segment (the commit
-//! point), then the segments it covers are removed. Open finishes or
-//! undoes an interrupted install: a `.clean` file is removed, and segments
-//! a cleaned segment covers are removed. A crash, abort or power cut,
-//! leaves either segment set, never a mix.
+//! A clean first indexes each key's latest offset over all the segments it
+//! covers (reading the sealed segments only, so it may run on a thread
+//! while the task appends), then works through them in groups of at most
+//! one segment's bytes, in offset order. Each group is built into
+//! `BASE.log.clean`, fsynced and installed before the next is built (so a
+//! clean needs one group of extra disk): the group's first seal is
+//! removed, the built file renamed over its first segment (the group's
+//! commit point), then its other segments are removed and the new seal
+//! written. Open finishes or undoes an interrupted install: a `.clean` file
+//! is removed, and segments a cleaned segment covers are removed. So a
+//! crash, abort or power cut leaves each group either cleaned or as it
+//! was, and the groups before it cleaned: a valid log (see [`run`]).
 //!
 //! Memory: the index maps each key of the cleaned range to its latest
 //! offset; past `memory_bytes` the clean covers only the segments indexed
 //! whole (at least one), and the rest waits for the next clean.
 
 use super::embedded::{
-    decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA, MAX_FRAME,
-    OP_DELETE,
+    decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA,
+    MAX_FRAME, OP_DELETE,
 };
 use super::CommitInfo;
 use crate::file::{self, File};
@@ -88,7 +92,7 @@ pub struct CleanStats {
 pub struct Built {
     /// The `.clean` file.
     pub file: PathBuf,
-    /// How many of the plan's segments (a prefix) it replaces.
+    /// How many segments (from `base` on) it replaces.
     pub covers: usize,
     /// The base offset of the first, which it takes the place of.
     pub base: u64,
@@ -548,7 +552,10 @@ pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
 fn install(dir: &Path, group: &[(u64, PathBuf)], built: &Built) -> Result<()> {
     crate::crash::step("clean-built");
     let first = &group[0].1;
-    assert_eq!(group[0].0, built.base, "a group's clean takes its first segment's place");
+    assert_eq!(
+        group[0].0, built.base,
+        "a group's clean takes its first segment's place"
+    );
     remove_if_exists(&seal_path(first))?;
     file::sync_dir(dir)?;
     file::rename(&built.file, first)?;
@@ -713,11 +720,23 @@ mod tests {
         let stats = log.clean_now(end).unwrap().expect("something to clean");
         assert_eq!(stats.records_kept, last.len() as u64, "{stats:?}");
         // Frames of the live entries, a header and a commit per segment.
-        let live: u64 = last.iter().map(|(k, v)| 26 + (k.len() + v.len()) as u64).sum();
+        let live: u64 = last
+            .iter()
+            .map(|(k, v)| 26 + (k.len() + v.len()) as u64)
+            .sum();
         let segments: Vec<PathBuf> = log.segments().map(Path::to_path_buf).collect();
-        let bytes: u64 = segments.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
-        assert!(bytes <= live + 70 * segments.len() as u64, "{bytes} bytes for {live} live");
-        assert_eq!(std::fs::metadata(segments.last().unwrap()).unwrap().len(), 0);
+        let bytes: u64 = segments
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
+        assert!(
+            bytes <= live + 70 * segments.len() as u64,
+            "{bytes} bytes for {live} live"
+        );
+        assert_eq!(
+            std::fs::metadata(segments.last().unwrap()).unwrap().len(),
+            0
+        );
         drop(log);
         assert_eq!(replayed(dir.path(), State::new(), 0), last);
         assert_eq!(replayed(dir.path(), last.clone(), end), last);

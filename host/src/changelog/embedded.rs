@@ -675,7 +675,11 @@ impl EmbeddedLog {
     /// fails and the process stops. Returns the figures of what it did.
     fn apply(&mut self, outcome: clean::Outcome) -> Result<CleanStats> {
         let mut total = CleanStats::default();
-        let unverified: Vec<u64> = self.unverified.iter().map(|&i| self.segments[i].0).collect();
+        let unverified: Vec<u64> = self
+            .unverified
+            .iter()
+            .map(|&i| self.segments[i].0)
+            .collect();
         for g in &outcome.installed {
             let at = self
                 .segments
@@ -714,7 +718,11 @@ impl EmbeddedLog {
             .map(|(i, _)| i)
             .collect();
         if !outcome.installed.is_empty() {
-            tracing::debug!(groups = outcome.installed.len(), ?total, "changelog cleaned");
+            tracing::debug!(
+                groups = outcome.installed.len(),
+                ?total,
+                "changelog cleaned"
+            );
         }
         match outcome.stopped {
             None | Some(clean::Stopped::Cancelled) => Ok(total),
