@@ -87,6 +87,19 @@ pub struct CleanStats {
     pub commits_kept: u64,
 }
 
+impl CleanStats {
+    /// Adds another group's figures.
+    pub fn add(&mut self, other: &CleanStats) {
+        self.segments_in += other.segments_in;
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+        self.records_in += other.records_in;
+        self.records_kept += other.records_kept;
+        self.deletes_dropped += other.deletes_dropped;
+        self.commits_kept += other.commits_kept;
+    }
+}
+
 /// A built, durable, not yet installed clean.
 #[derive(Debug)]
 pub struct Built {
@@ -120,7 +133,7 @@ impl std::fmt::Display for WriteFailed {
 impl std::error::Error for WriteFailed {}
 
 /// The path of a clean being built for the segment at `segment`.
-pub fn building_path(segment: &Path) -> PathBuf {
+fn building_path(segment: &Path) -> PathBuf {
     let mut name = segment.file_name().unwrap_or_default().to_os_string();
     name.push(".clean");
     segment.with_file_name(name)
@@ -151,7 +164,8 @@ fn decode_header(payload: &[u8]) -> Option<Header> {
 pub fn read_header(segment: &Path) -> Result<Option<Header>> {
     let f = std::fs::File::open(segment)
         .with_context(|| format!("cannot open changelog segment {}", segment.display()))?;
-    let mut frames = Frames::new(f, segment);
+    // The header frame is small: read only what it needs.
+    let mut frames = Frames::new(f, segment, HEADER + 64);
     match frames.next_frame() {
         Ok(Some(frame)) if frame.kind == KIND_CLEANED => {
             Ok(Some(decode_header(&frame.payload).with_context(|| {
@@ -179,9 +193,9 @@ struct Frames<'a, R> {
 }
 
 impl<'a, R: Read> Frames<'a, R> {
-    fn new(r: R, path: &'a Path) -> Self {
+    fn new(r: R, path: &'a Path, buffer: usize) -> Self {
         Frames {
-            r: BufReader::with_capacity(1 << 16, r),
+            r: BufReader::with_capacity(buffer, r),
             path,
             at: 0,
         }
@@ -235,7 +249,7 @@ impl<'a, R: Read> Frames<'a, R> {
 fn open_frames(path: &Path) -> Result<Frames<'_, std::fs::File>> {
     let f = std::fs::File::open(path)
         .with_context(|| format!("cannot open changelog segment {}", path.display()))?;
-    Ok(Frames::new(f, path))
+    Ok(Frames::new(f, path, 1 << 16))
 }
 
 /// The key of a data frame's payload (`op u8 | key len u32 | key | value`).

@@ -114,14 +114,15 @@ pub struct CleanSettings {
 struct Cleaning {
     settings: CleanSettings,
     running: Option<clean::Background>,
-    /// Why cleaning stopped for this process, if it did.
-    stopped: Option<String>,
+    /// Cleaning stopped for this process (damage, the memory bound).
+    stopped: bool,
+    /// A segment was sealed (or a clean taken in) since the last look: only
+    /// then can a clean have become due, so commits in between skip it.
+    check_due: bool,
     /// Deletes below this offset may have been cleaned away.
     deletes_kept_from: u64,
     /// The base offsets of the segments a clean wrote.
     cleaned: std::collections::BTreeSet<u64>,
-    totals: CleanStats,
-    cleans: u64,
 }
 
 /// One decoded frame.
@@ -551,11 +552,10 @@ impl EmbeddedLog {
                     memory_bytes: 256 << 20,
                 },
                 running: None,
-                stopped: None,
+                stopped: false,
+                check_due: true,
                 deletes_kept_from,
                 cleaned,
-                totals: CleanStats::default(),
-                cleans: 0,
             },
         })
     }
@@ -597,11 +597,6 @@ impl EmbeddedLog {
             let stats = log.apply(outcome)?;
             Ok(Some(stats))
         })
-    }
-
-    /// What cleaning did since open: (groups installed, their figures).
-    pub fn clean_totals(&self) -> (u64, CleanStats) {
-        (self.cleaning.cleans, self.cleaning.totals)
     }
 
     /// The clean to run now, if any: every sealed segment, once the ones no
@@ -649,7 +644,10 @@ impl EmbeddedLog {
             let outcome = self.cleaning.running.take().unwrap().join();
             return self.apply(outcome).map(|_| ());
         }
-        if self.cleaning.stopped.is_some() || self.cleaning.settings.mode == CleanMode::Off {
+        if self.cleaning.stopped
+            || self.cleaning.settings.mode == CleanMode::Off
+            || !std::mem::take(&mut self.cleaning.check_due)
+        {
             return Ok(());
         }
         let Some(plan) = self.clean_plan(store_offset, false) else {
@@ -696,18 +694,11 @@ impl EmbeddedLog {
             let c = &mut self.cleaning;
             c.cleaned.insert(g.base);
             c.deletes_kept_from = c.deletes_kept_from.max(g.deletes_below);
-            c.cleans += 1;
-            for t in [&mut c.totals, &mut total] {
-                let s = g.stats;
-                t.segments_in += s.segments_in;
-                t.bytes_in += s.bytes_in;
-                t.bytes_out += s.bytes_out;
-                t.records_in += s.records_in;
-                t.records_kept += s.records_kept;
-                t.deletes_dropped += s.deletes_dropped;
-                t.commits_kept += s.commits_kept;
-            }
+            total.add(&g.stats);
         }
+        // A clean that stopped at the memory bound leaves segments that may
+        // already be due again.
+        self.cleaning.check_due = true;
         // A clean reads every segment it covers whole: those are verified.
         let installed: Vec<u64> = outcome.installed.iter().map(|g| g.base).collect();
         self.unverified = self
@@ -731,7 +722,7 @@ impl EmbeddedLog {
                     "changelog cleaning in {} stopped: {e:#}; the changelog grows until the next start",
                     self.dir.display()
                 );
-                self.cleaning.stopped = Some(format!("{e:#}"));
+                self.cleaning.stopped = true;
                 Ok(total)
             }
             Some(clean::Stopped::Io(e)) => Err(e),
@@ -788,6 +779,7 @@ impl EmbeddedLog {
         self.segments.push((self.next_offset, path));
         self.committed_len = 0;
         self.written_len = 0;
+        self.cleaning.check_due = true;
         Ok(())
     }
 

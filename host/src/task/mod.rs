@@ -282,8 +282,10 @@ impl Task {
             if let Some(why) = task.changelog.deletes_missing_after(k)? {
                 bail!(
                     "guest {label} recovered to offset {k}, but {why}, so a replay from {k} could keep deleted keys; \
-                     nothing was changed: move {} aside to rebuild the store from the changelog",
-                    state_dir.join("store").display()
+                     nothing was changed: move {} aside (and remove {}, if there) to rebuild the store from the \
+                     changelog",
+                    state_dir.join("store").display(),
+                    task.checkpoint.path().display()
                 );
             }
         }
