@@ -89,8 +89,14 @@ pub enum ProcessorKind {
 pub struct TaskConfig {
     pub guarantee: Guarantee,
     pub processor: ProcessorKind,
-    /// The input file for `txstore run` (overridden by `--input`).
-    pub input: Option<PathBuf>,
+    /// What `txstore run` consumes: a file path (overridden by `--input`),
+    /// or `{ kind = "kafka", topic = "..." }`.
+    pub input: Option<InputSpec>,
+    /// Where the processor's output records go (none when unset).
+    pub output: Option<OutputSpec>,
+    /// Worker threads for the tasks of a Kafka input (one task per
+    /// assigned partition).
+    pub threads: usize,
     /// Commit after this many input records...
     pub commit_interval_records: u64,
     /// ...or after this much time, whichever comes first.
@@ -110,10 +116,102 @@ impl Default for TaskConfig {
             guarantee: Guarantee::ExactlyOnce,
             processor: ProcessorKind::Kv,
             input: None,
+            output: None,
+            threads: 1,
             commit_interval_records: 10_000,
             commit_interval_ms: 100,
             uncommitted_max_bytes: 64 << 20,
             restarts_on_guest_failure: 0,
+        }
+    }
+}
+
+/// `task.input`: a file path, or a table with `kind`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InputSpec {
+    /// One record per newline-terminated line.
+    File(PathBuf),
+    /// The partitions of a Kafka topic, shared by the processes of a group.
+    Kafka(KafkaInput),
+}
+
+/// `task.input = { kind = "kafka", ... }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaInput {
+    /// Always "kafka" (the tag the table was told apart by).
+    #[serde(default, rename = "kind")]
+    _kind: String,
+    pub topic: String,
+    /// Defaults to `changelog.bootstrap_servers`.
+    pub bootstrap_servers: Option<String>,
+    /// The consumer group the processes share; defaults to
+    /// `txstore-<store.name>`. Only membership: input positions are
+    /// committed in the changelog transaction, not to this group.
+    pub group_id: Option<String>,
+    /// How partitions are spread over the group's processes.
+    #[serde(default)]
+    pub assignment: Assignment,
+    /// `assignment = "static"`: the partitions this process owns.
+    #[serde(default)]
+    pub partitions: Vec<i32>,
+    /// A process that misses heartbeats this long loses its partitions.
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
+    /// Further librdkafka settings for the input consumer, passed as is.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_session_timeout_ms() -> u64 {
+    10_000
+}
+
+/// How a Kafka input's partitions reach the processes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Assignment {
+    /// Consumer group, `cooperative-sticky`: a rebalance moves only the
+    /// partitions that change owner.
+    #[default]
+    Cooperative,
+    /// Consumer group, `range` (eager): every rebalance revokes everything.
+    Eager,
+    /// No group: `partitions` names what this process owns.
+    Static,
+}
+
+/// `task.output`: a table with `kind`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "kebab-case")]
+pub enum OutputSpec {
+    /// A topic written in the changelog's Kafka transaction: a
+    /// `read_committed` reader sees each update once.
+    Kafka { topic: String },
+}
+
+impl<'de> Deserialize<'de> for InputSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match toml::Value::deserialize(d)? {
+            toml::Value::String(path) => Ok(InputSpec::File(path.into())),
+            toml::Value::Table(t) => match t.get("kind").and_then(|k| k.as_str()) {
+                Some("kafka") => KafkaInput::deserialize(toml::Value::Table(t))
+                    .map(InputSpec::Kafka)
+                    .map_err(|e| D::Error::custom(format!("task.input: {}", e.message()))),
+                Some("file") => match (t.get("path").and_then(|p| p.as_str()), t.len()) {
+                    (Some(path), 2) => Ok(InputSpec::File(path.into())),
+                    _ => Err(D::Error::custom(
+                        "task.input of kind \"file\" takes exactly one more key: path",
+                    )),
+                },
+                _ => Err(D::Error::custom(
+                    "task.input.kind must be \"file\" or \"kafka\"",
+                )),
+            },
+            _ => Err(D::Error::custom(
+                "task.input must be a file path or a table with kind = \"file\" or \"kafka\"",
+            )),
         }
     }
 }
@@ -171,6 +269,10 @@ pub struct ChangelogConfig {
     /// Kafka: partitions and replication of a created topic.
     pub topic_partitions: Option<i32>,
     pub replication_factor: i32,
+    /// Kafka: `min.insync.replicas` of a created topic (the broker's
+    /// default when unset): with `acks=all`, a commit needs this many
+    /// replicas to have it.
+    pub min_insync_replicas: Option<i32>,
     /// Kafka: the most any broker operation may take.
     pub timeout_ms: u64,
     /// Kafka: further librdkafka settings (security, tuning), passed as is.
@@ -193,6 +295,7 @@ impl Default for ChangelogConfig {
             create_topic: true,
             topic_partitions: None,
             replication_factor: 1,
+            min_insync_replicas: None,
             timeout_ms: 30_000,
             properties: BTreeMap::new(),
         }
@@ -234,6 +337,57 @@ impl ChangelogConfig {
     }
 }
 
+impl TaskConfig {
+    fn check(&self, changelog: &ChangelogConfig, origin: &str) -> Result<()> {
+        if !(1..=MAX_THREADS).contains(&self.threads) {
+            bail!("{origin}: task.threads must be between 1 and {MAX_THREADS}");
+        }
+        let kafka_changelog = changelog.kind == ChangelogKind::Kafka;
+        if let Some(InputSpec::Kafka(k)) = &self.input {
+            // A partition's state must follow it to whichever process
+            // takes it over: only a Kafka changelog does.
+            if !kafka_changelog {
+                bail!("{origin}: task.input of kind \"kafka\" needs changelog.kind = \"kafka\"");
+            }
+            if k.topic.is_empty() {
+                bail!("{origin}: task.input.topic must not be empty");
+            }
+            if k.session_timeout_ms == 0 {
+                bail!("{origin}: task.input.session_timeout_ms must be at least 1");
+            }
+            match k.assignment {
+                Assignment::Static if k.partitions.is_empty() => {
+                    bail!("{origin}: task.input.assignment = \"static\" needs task.input.partitions")
+                }
+                Assignment::Static => {
+                    if let Some(p) = k.partitions.iter().find(|p| **p < 0) {
+                        bail!("{origin}: task.input.partitions: {p} is negative");
+                    }
+                }
+                _ if !k.partitions.is_empty() => bail!(
+                    "{origin}: task.input.partitions is only for assignment = \"static\" (a group assigns them)"
+                ),
+                _ => {}
+            }
+        }
+        if let Some(OutputSpec::Kafka { topic }) = &self.output {
+            if !kafka_changelog {
+                bail!(
+                    "{origin}: task.output of kind \"kafka\" is written in the changelog's transaction: it needs \
+                     changelog.kind = \"kafka\""
+                );
+            }
+            if topic.is_empty() {
+                bail!("{origin}: task.output.topic must not be empty");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The most worker threads a process runs tasks on.
+pub const MAX_THREADS: usize = 256;
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
@@ -274,6 +428,7 @@ impl Config {
         })?;
         config.base = base.to_path_buf();
         config.changelog.check(origin)?;
+        config.task.check(&config.changelog, origin)?;
         if config.task.commit_interval_records == 0 {
             bail!("{origin}: task.commit_interval_records must be at least 1");
         }
@@ -336,6 +491,11 @@ impl Config {
             replication_factor: c.replication_factor,
             timeout: std::time::Duration::from_millis(c.timeout_ms),
             properties: c.properties.clone(),
+            output_topic: match &self.task.output {
+                Some(OutputSpec::Kafka { topic }) => Some(topic.clone()),
+                None => None,
+            },
+            min_insync_replicas: c.min_insync_replicas,
             topic,
         })
     }
@@ -366,8 +526,44 @@ impl Config {
         }
     }
 
+    /// The input file, when the input is one.
     pub fn input(&self) -> Option<PathBuf> {
-        self.task.input.as_ref().map(|p| self.resolve(p))
+        match &self.task.input {
+            Some(InputSpec::File(p)) => Some(self.resolve(p)),
+            _ => None,
+        }
+    }
+
+    /// The Kafka input, when the input is one.
+    pub fn kafka_input(&self) -> Option<&KafkaInput> {
+        match &self.task.input {
+            Some(InputSpec::Kafka(k)) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// The config of the task for input partition `partition` of a Kafka
+    /// input: store `<name>-<partition>` in its own directory under the
+    /// state directory, changelog partition `partition` of the (shared)
+    /// changelog topic, which has `partitions` partitions when created.
+    pub fn for_partition(&self, partition: i32, partitions: i32) -> Config {
+        let mut c = self.clone();
+        let name = format!("{}-{partition}", self.store.name);
+        c.changelog.topic = Some(self.kafka_topic());
+        c.changelog.partition = partition;
+        c.changelog.topic_partitions = Some(self.changelog.topic_partitions.unwrap_or(partitions));
+        c.changelog.transactional_id = Some(match &self.changelog.transactional_id {
+            Some(prefix) => format!("{prefix}-{partition}"),
+            None => format!("txstore-{}-{partition}", self.kafka_topic()),
+        });
+        c.changelog.group_id = self
+            .changelog
+            .group_id
+            .as_ref()
+            .map(|g| format!("{g}-{partition}"));
+        c.store.state_dir = self.state_dir().join(&name);
+        c.store.name = name;
+        c
     }
 
     /// The guest: a built-in name, else a path relative to the config.

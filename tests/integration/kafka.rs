@@ -99,7 +99,7 @@ pub fn broker(test: &str) -> Option<&'static str> {
 }
 
 /// A topic name no other test or run has used.
-fn fresh_topic(label: &str) -> String {
+pub fn fresh_topic(label: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -72,6 +72,10 @@ pub struct KafkaSettings {
     pub replication_factor: i32,
     pub timeout: Duration,
     pub properties: BTreeMap<String, String>,
+    /// Where [`Changelog::emit`] writes, in the same transaction.
+    pub output_topic: Option<String>,
+    /// `min.insync.replicas` of a created topic.
+    pub min_insync_replicas: Option<i32>,
 }
 
 /// librdkafka's own logs and errors go to `tracing` at debug level: it
@@ -91,8 +95,11 @@ impl ClientContext for Quiet {
 impl ConsumerContext for Quiet {}
 
 /// The producer's delivery reports for the open transaction.
-#[derive(Default)]
 struct Deliveries {
+    /// The changelog's topic and partition: only their offsets say where
+    /// the transaction ends (output records go elsewhere).
+    topic: String,
+    partition: i32,
     state: Mutex<DeliveryState>,
 }
 
@@ -119,7 +126,10 @@ impl ProducerContext for Deliveries {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         let mut s = self.state.lock().unwrap();
         match result {
-            Ok(m) => s.last_offset = s.last_offset.max(Some(m.offset())),
+            Ok(m) if m.topic() == self.topic && m.partition() == self.partition => {
+                s.last_offset = s.last_offset.max(Some(m.offset()))
+            }
+            Ok(_) => {}
             Err((e, _)) => {
                 s.error.get_or_insert_with(|| e.clone());
             }
@@ -207,7 +217,8 @@ impl KafkaLog {
         )
         .create_with_context(Quiet)
         .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
-        let count_partitions = || -> Result<usize> {
+        // (partitions, replicas of the first) as the metadata says.
+        let count_partitions = || -> Result<(usize, usize)> {
             let metadata = consumer
                 .fetch_metadata(Some(&s.topic), s.timeout)
                 .map_err(|e| anyhow!("changelog: cannot reach Kafka for {where_}: {e}"))?;
@@ -216,16 +227,30 @@ impl KafkaLog {
                 .iter()
                 .find(|t| t.name() == s.topic)
                 .filter(|t| t.error().is_none())
-                .map_or(0, |t| t.partitions().len()))
+                .map_or((0, 0), |t| {
+                    let replicas = t.partitions().first().map_or(0, |p| p.replicas().len());
+                    (t.partitions().len(), replicas)
+                }))
         };
-        let mut partitions = count_partitions()?;
+        let (mut partitions, mut replicas) = count_partitions()?;
         if partitions == 0 && s.create_topic {
             create_topic(s).with_context(|| format!("changelog: cannot create {where_}"))?;
             let deadline = Instant::now() + s.timeout;
             while partitions == 0 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20)); // creation propagates to metadata
-                partitions = count_partitions()?;
+                (partitions, replicas) = count_partitions()?;
             }
+        }
+        if replicas == 1 {
+            // Said once per process: every task of a topic would repeat it.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "changelog topic `{}` has one replica: a committed transaction is lost with that broker's disk \
+                     (set changelog.replication_factor, and min_insync_replicas, for production)",
+                    s.topic
+                )
+            });
         }
         if partitions == 0 {
             bail!(
@@ -259,7 +284,11 @@ impl KafkaLog {
             .unwrap_or("?")
             .to_string();
         let producer: BaseProducer<Deliveries> = producer_config
-            .create_with_context(Deliveries::default())
+            .create_with_context(Deliveries {
+                topic: s.topic.clone(),
+                partition: s.partition,
+                state: Mutex::default(),
+            })
             .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
         let mut log = KafkaLog {
             s: s.clone(),
@@ -365,14 +394,26 @@ impl KafkaLog {
     }
 
     fn send(&self, record: &Record, end: Option<u64>) -> Result<()> {
+        self.send_to(&self.s.topic, Some(self.s.partition), record, end)
+    }
+
+    /// Produces `record` to `topic` (`partition`, else by its key).
+    fn send_to(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        record: &Record,
+        end: Option<u64>,
+    ) -> Result<()> {
         let (key, value) = match record {
             Record::Put(k, v) => (k, Some(v)),
             Record::Delete(k) => (k, None),
         };
         let end_bytes = end.map(u64::to_be_bytes);
-        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.s.topic)
-            .partition(self.s.partition)
-            .key(&key[..]);
+        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).key(&key[..]);
+        if let Some(p) = partition {
+            r = r.partition(p);
+        }
         if let Some(v) = value {
             r = r.payload(&v[..]);
         }
@@ -487,6 +528,11 @@ fn create_topic(s: &KafkaSettings) -> Result<()> {
         TopicReplication::Fixed(s.replication_factor),
     )
     .set("cleanup.policy", "compact");
+    let min_insync = s.min_insync_replicas.map(|n| n.to_string());
+    let topic = match &min_insync {
+        Some(n) => topic.set("min.insync.replicas", n),
+        None => topic,
+    };
     let options = AdminOptions::new().operation_timeout(Some(s.timeout));
     let results = futures_executor::block_on(admin.create_topics([&topic], &options))?;
     for r in results {
@@ -517,6 +563,20 @@ impl Changelog for KafkaLog {
             return Err(e);
         }
         self.held = Some(last.clone());
+        Ok(())
+    }
+
+    fn emit(&mut self, records: &[Record]) -> Result<()> {
+        let Some(topic) = self.s.output_topic.clone() else {
+            bail!("changelog: no output topic is configured (task.output)");
+        };
+        self.begin()?;
+        for record in records {
+            if let Err(e) = self.send_to(&topic, None, record, None) {
+                self.failed = true;
+                return Err(e);
+            }
+        }
         Ok(())
     }
 

@@ -90,6 +90,11 @@ pub trait Changelog: Send {
     /// Appends `records` (one input record's writes, in order) to the open
     /// transaction (not visible to readers).
     fn append(&mut self, records: &[Record]) -> Result<()>;
+    /// Adds `records` to the task's output in the open transaction: they
+    /// become visible to `read_committed` readers exactly when it commits.
+    fn emit(&mut self, _records: &[Record]) -> Result<()> {
+        anyhow::bail!("this changelog cannot carry output records (task.output needs a Kafka changelog)")
+    }
     /// Durably commits the open transaction (possibly empty) together with
     /// the task's input position (and the checksum of the input before
     /// it); returns the new committed offset.

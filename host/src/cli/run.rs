@@ -11,10 +11,19 @@ use crate::task::{RecoveryReport, Task, TaskStats};
 use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
     let config = Config::load(config_path)?;
+    if config.kafka_input().is_some() {
+        anyhow::ensure!(
+            input.is_none(),
+            "--input names a file, but {} reads a Kafka topic (task.input)",
+            config_path.display()
+        );
+        return run_partitions(&config, json);
+    }
     let input = input
         .or_else(|| config.input())
         .context("no input: pass --input FILE or set task.input in the config")?;
@@ -82,6 +91,53 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
         );
     }
     Ok(())
+}
+
+/// A Kafka input: one task per assigned partition, until SIGTERM or
+/// SIGINT (every open task then commits and closes) or a failure.
+fn run_partitions(config: &Config, json: bool) -> Result<()> {
+    let runtime = Runtime::new(config.cache_dir())?;
+    let started = Instant::now();
+    let stop = stop_on_signals();
+    let summary = crate::task::partitions::run(config, &runtime, stop)?;
+    crash::step("after-close");
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"partitions": summary, "seconds": secs})
+        );
+    } else {
+        let s = &summary.stats;
+        println!(
+            "processed {} records in {secs:.2} s: {} writes, {} commits ({} early); {} partition opens, {} closes, \
+             {} lost",
+            s.records,
+            s.writes,
+            s.commits,
+            s.early_commits,
+            summary.opened.len(),
+            summary.closed,
+            summary.lost
+        );
+    }
+    Ok(())
+}
+
+/// Set once SIGTERM or SIGINT arrives: the run then stops cleanly.
+fn stop_on_signals() -> &'static AtomicBool {
+    static STOP: AtomicBool = AtomicBool::new(false);
+    extern "C" fn on_signal(_: libc::c_int) {
+        // Async-signal-safe: one atomic store.
+        STOP.store(true, Ordering::Relaxed);
+    }
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            libc::signal(signal, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+    &STOP
 }
 
 fn open(config: &Config, runtime: &Runtime, quiet: bool) -> Result<(Task, RecoveryReport)> {

@@ -1,0 +1,583 @@
+//! Many tasks in one process: one per partition of a Kafka input topic,
+//! each with its own store (`<store>-<partition>`, in its own directory
+//! under the state directory), its own guest instance and its own
+//! changelog partition, run on `task.threads` worker threads that share
+//! the wasm engine.
+//!
+//! Partitions reach the process from the input's consumer group (or a
+//! static list). A partition is opened (recovered, its changelog tail
+//! replayed) before the consumer is told where to read it from: the input
+//! position committed in its changelog transaction, never the group's
+//! offsets, so input, state and output move together. A revoked partition
+//! commits and closes before the consumer lets it go; a lost one (this
+//! process missed its session) is dropped without a commit, since another
+//! process may already own it. A process that keeps writing after its
+//! partition moved is fenced by the new owner's `init_transactions` and
+//! stops with that one error line.
+//!
+//! Threads: the consumer is polled on the calling thread, which also runs
+//! the rebalance callbacks; records go to the worker that owns their
+//! partition (partition mod threads) over a bounded channel, so a slow
+//! worker slows the poll loop rather than filling memory.
+
+use super::{Input, RecoveryReport, Task, TaskStats};
+use crate::config::{Assignment, Config, KafkaInput};
+use crate::runtime::Runtime;
+use anyhow::{anyhow, bail, Context, Result};
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Records queued per worker before the poll loop waits for it.
+const QUEUE_RECORDS: usize = 4096;
+/// How often an idle worker looks for commits that are due.
+const TICK: Duration = Duration::from_millis(20);
+/// librdkafka settings the input's guarantees rest on.
+const PROTECTED: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "partition.assignment.strategy",
+];
+
+/// What a run of many tasks did.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Summary {
+    /// Every open, in order: (partition, its recovery).
+    pub opened: Vec<(i32, RecoveryReport)>,
+    /// Partitions closed after a revoke or at the end.
+    pub closed: u64,
+    /// Partitions dropped uncommitted because the group had moved them.
+    pub lost: u64,
+    pub stats: TaskStats,
+    /// "cooperative", "eager" or "static".
+    pub assignment: Assignment,
+}
+
+enum Command {
+    Open {
+        partition: i32,
+        reply: mpsc::Sender<Result<u64>>,
+    },
+    Record {
+        partition: i32,
+        offset: i64,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+    },
+    /// Commit and close (revoked, or the end of the run).
+    Close {
+        partition: i32,
+        reply: mpsc::Sender<Result<()>>,
+    },
+    /// Drop without committing (lost: another process may own it now).
+    Lose {
+        partition: i32,
+        reply: mpsc::Sender<()>,
+    },
+}
+
+/// What the workers report back to the poll loop.
+#[derive(Default)]
+struct Shared {
+    /// The first failure of any task: the run stops with it.
+    failure: Mutex<Option<anyhow::Error>>,
+    summary: Mutex<Summary>,
+}
+
+impl Shared {
+    fn fail(&self, e: anyhow::Error) {
+        self.failure.lock().unwrap().get_or_insert(e);
+    }
+    fn failed(&self) -> bool {
+        self.failure.lock().unwrap().is_some()
+    }
+}
+
+/// The consumer's context: routes rebalances to the workers.
+struct Rebalancer {
+    topic: String,
+    workers: Vec<SyncSender<Command>>,
+    shared: std::sync::Arc<Shared>,
+}
+
+fn worker_of(partition: i32, workers: usize) -> usize {
+    partition as usize % workers
+}
+
+impl Rebalancer {
+    /// Opens `partitions` on their workers (in parallel across workers)
+    /// and returns where each resumes.
+    fn open(&self, partitions: &[i32]) -> Result<Vec<(i32, Offset)>> {
+        let mut replies = Vec::new();
+        for &p in partitions {
+            let (reply, rx) = mpsc::channel();
+            self.workers[worker_of(p, self.workers.len())]
+                .send(Command::Open { partition: p, reply })
+                .map_err(|_| anyhow!("a worker thread has stopped"))?;
+            replies.push((p, rx));
+        }
+        replies
+            .into_iter()
+            .map(|(p, rx)| {
+                let position = rx.recv().map_err(|_| anyhow!("a worker thread has stopped"))??;
+                // Offset 0 is the beginning, even after retention moved it.
+                let offset = match position {
+                    0 => Offset::Beginning,
+                    n => Offset::Offset(n as i64),
+                };
+                Ok((p, offset))
+            })
+            .collect()
+    }
+
+    fn close(&self, partitions: &[i32], lost: bool) -> Result<()> {
+        let mut closes = Vec::new();
+        let mut drops = Vec::new();
+        for &p in partitions {
+            let to = &self.workers[worker_of(p, self.workers.len())];
+            let sent = if lost {
+                let (reply, rx) = mpsc::channel();
+                drops.push(rx);
+                to.send(Command::Lose { partition: p, reply })
+            } else {
+                let (reply, rx) = mpsc::channel();
+                closes.push(rx);
+                to.send(Command::Close { partition: p, reply })
+            };
+            sent.map_err(|_| anyhow!("a worker thread has stopped"))?;
+        }
+        for rx in drops {
+            rx.recv().map_err(|_| anyhow!("a worker thread has stopped"))?;
+        }
+        for rx in closes {
+            rx.recv().map_err(|_| anyhow!("a worker thread has stopped"))??;
+        }
+        Ok(())
+    }
+
+    fn partitions(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect()
+    }
+}
+
+impl ClientContext for Rebalancer {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        tracing::debug!(?level, fac, "librdkafka (input): {message}");
+    }
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!("librdkafka (input): {error}: {reason}");
+    }
+}
+
+impl ConsumerContext for Rebalancer {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let partitions = self.partitions(tpl);
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                tracing::info!(?partitions, "assigned");
+                // After a failure nothing more opens: the run is stopping.
+                let opened = if self.shared.failed() {
+                    Ok(Vec::new())
+                } else {
+                    self.open(&partitions)
+                };
+                opened.and_then(|offsets| {
+                    for (p, offset) in offsets {
+                        tpl.set_partition_offset(&self.topic, p, offset)?;
+                    }
+                    Ok(if cooperative {
+                        consumer.incremental_assign(tpl)?
+                    } else {
+                        consumer.assign(tpl)?
+                    })
+                })
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let lost = consumer.assignment_lost();
+                tracing::info!(?partitions, lost, "revoked");
+                let closed = self.close(&partitions, lost);
+                let released = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                closed.and(released.map_err(Into::into))
+            }
+            other => Err(anyhow!(
+                "input: rebalance failed: {}",
+                rdkafka::error::RDKafkaErrorCode::from(other)
+            )),
+        };
+        if let Err(e) = result {
+            self.shared.fail(e);
+        }
+    }
+}
+
+/// Runs the tasks of `config`'s Kafka input until `stop` is set (then
+/// every open task commits and closes) or a task fails.
+pub fn run(config: &Config, runtime: &Runtime, stop: &AtomicBool) -> Result<Summary> {
+    let input = config
+        .kafka_input()
+        .context("task.input is not a Kafka topic")?;
+    let bootstrap = input
+        .bootstrap_servers
+        .clone()
+        .or_else(|| config.changelog.bootstrap_servers.clone())
+        .context("task.input needs bootstrap_servers (or changelog.bootstrap_servers)")?;
+    if let Some(k) = input.properties.keys().find(|k| PROTECTED.contains(&k.as_str())) {
+        bail!("task.input.properties may not set `{k}`: txstore's exactly-once depends on its value");
+    }
+    let group = input
+        .group_id
+        .clone()
+        .unwrap_or_else(|| format!("txstore-{}", config.store.name));
+    let consumer_config = consumer_config(input, &bootstrap, &group);
+    let threads = config.task.threads;
+    let shared = std::sync::Arc::new(Shared::default());
+    shared.summary.lock().unwrap().assignment = input.assignment;
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..threads {
+        let (tx, rx) = mpsc::sync_channel(QUEUE_RECORDS);
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    let consumer: BaseConsumer<Rebalancer> = consumer_config
+        .create_with_context(Rebalancer {
+            topic: input.topic.clone(),
+            workers: senders.clone(),
+            shared: shared.clone(),
+        })
+        .with_context(|| format!("input: bad Kafka settings for topic `{}`", input.topic))?;
+    let partitions = input_partitions(&consumer, input, &bootstrap)?;
+    if let Some(topic) = config.task.output.as_ref().map(|crate::config::OutputSpec::Kafka { topic }| topic) {
+        create_output_topic(config, &bootstrap, topic, partitions)?;
+    }
+    std::thread::scope(|scope| -> Result<()> {
+        for (i, rx) in receivers.into_iter().enumerate() {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("txstore-worker-{i}"))
+                .spawn_scoped(scope, move || {
+                    if let Err(e) = work(rx, config, runtime, partitions, &shared) {
+                        shared.fail(e);
+                    }
+                })
+                .context("cannot start a worker thread")?;
+        }
+        let polled = poll(&consumer, input, stop, &shared, &senders);
+        // The end (or a failure): every open task commits and closes, and
+        // only then does the consumer leave the group, so the next owner
+        // of a partition starts from this process's last commit.
+        let owned = owned_partitions(&consumer, &input.topic);
+        let closing = consumer.context().close(&owned, false);
+        if input.assignment == Assignment::Static {
+            let _ = consumer.unassign();
+        } else {
+            consumer.unsubscribe();
+        }
+        // Its context holds the workers' queues: the workers end when
+        // every queue is gone.
+        drop(consumer);
+        drop(senders);
+        polled.and(closing)
+    })?;
+    if let Some(e) = shared.failure.lock().unwrap().take() {
+        return Err(e);
+    }
+    let mut summary = std::mem::take(&mut *shared.summary.lock().unwrap());
+    summary.assignment = input.assignment;
+    Ok(summary)
+}
+
+fn consumer_config(input: &KafkaInput, bootstrap: &str, group: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        // Records of aborted transactions never reach a processor.
+        .set("isolation.level", "read_committed")
+        // A committed position below the topic's start (retention) is an
+        // error to report, not a jump to skip records silently.
+        .set("auto.offset.reset", "error")
+        .set(
+            "partition.assignment.strategy",
+            match input.assignment {
+                Assignment::Eager => "range",
+                _ => "cooperative-sticky",
+            },
+        )
+        .set("session.timeout.ms", input.session_timeout_ms.to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (input.session_timeout_ms / 3).clamp(1, 3000).to_string(),
+        );
+    for (k, v) in &input.properties {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The input topic's partition count (it must exist), checking a static
+/// assignment against it.
+fn input_partitions(
+    consumer: &BaseConsumer<Rebalancer>,
+    input: &KafkaInput,
+    bootstrap: &str,
+) -> Result<i32> {
+    let timeout = Duration::from_secs(30);
+    let metadata = consumer
+        .fetch_metadata(Some(&input.topic), timeout)
+        .map_err(|e| anyhow!("input: cannot reach Kafka at {bootstrap}: {e}"))?;
+    let count = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == input.topic)
+        .filter(|t| t.error().is_none())
+        .map_or(0, |t| t.partitions().len()) as i32;
+    if count == 0 {
+        bail!("input: topic `{}` does not exist at {bootstrap}", input.topic);
+    }
+    if let Some(p) = input.partitions.iter().find(|p| **p >= count) {
+        bail!(
+            "task.input.partitions: topic `{}` has {count} partition(s); partition {p} does not exist",
+            input.topic
+        );
+    }
+    Ok(count)
+}
+
+/// Creates the output topic (not compacted: every update is an event) when
+/// it does not exist and the changelog may create topics.
+fn create_output_topic(config: &Config, bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
+    if !config.changelog.create_topic {
+        return Ok(());
+    }
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let replication = TopicReplication::Fixed(config.changelog.replication_factor);
+    let new = NewTopic::new(topic, partitions, replication);
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in futures_executor::block_on(admin.create_topics([&new], &options))? {
+        match r {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => bail!("output: cannot create topic `{name}`: {code}"),
+        }
+    }
+    Ok(())
+}
+
+/// Polls the input and hands records to their workers until `stop` or a
+/// failure.
+fn poll(
+    consumer: &BaseConsumer<Rebalancer>,
+    input: &KafkaInput,
+    stop: &AtomicBool,
+    shared: &Shared,
+    workers: &[SyncSender<Command>],
+) -> Result<()> {
+    if input.assignment == Assignment::Static {
+        let mut tpl = TopicPartitionList::new();
+        for (p, offset) in consumer.context().open(&input.partitions)? {
+            tpl.add_partition_offset(&input.topic, p, offset)?;
+        }
+        consumer.assign(&tpl).context("input: assign")?;
+    } else {
+        consumer
+            .subscribe(&[&input.topic])
+            .with_context(|| format!("input: cannot subscribe to topic `{}`", input.topic))?;
+    }
+    while !stop.load(Ordering::Relaxed) && !shared.failed() {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let partition = m.partition();
+                let record = Command::Record {
+                    partition,
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                };
+                if workers[worker_of(partition, workers.len())].send(record).is_err() {
+                    break; // that worker failed: its error is in `shared`
+                }
+            }
+            Some(Err(e)) if is_fatal(&e) => bail!("input: consuming topic `{}`: {e}", input.topic),
+            Some(Err(e)) => tracing::warn!("input: topic `{}`: {e} (retrying)", input.topic),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Errors the consumer does not recover from by itself.
+fn is_fatal(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::OffsetOutOfRange | C::Fatal | C::TopicAuthorizationFailed | C::GroupAuthorizationFailed)
+    )
+}
+
+fn owned_partitions(consumer: &BaseConsumer<Rebalancer>, topic: &str) -> Vec<i32> {
+    consumer
+        .assignment()
+        .map(|tpl| {
+            tpl.elements_for_topic(topic)
+                .iter()
+                .map(|e| e.partition())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One worker thread: the tasks of its partitions.
+fn work(
+    rx: Receiver<Command>,
+    config: &Config,
+    runtime: &Runtime,
+    partitions: i32,
+    shared: &Shared,
+) -> Result<()> {
+    let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
+    let mut last_sweep = Instant::now();
+    let result = (|| -> Result<()> {
+        loop {
+            let command = match rx.recv_timeout(TICK) {
+                Ok(c) => Some(c),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            match command {
+                Some(Command::Open { partition, reply }) => {
+                    // Assigned twice: the old task closes first (it holds
+                    // the partition's directory lock).
+                    if let Some(old) = tasks.remove(&partition) {
+                        old.close().with_context(|| format!("closing partition {partition}"))?;
+                    }
+                    let answer = open(config, runtime, partition, partitions, shared).map(|task| {
+                        let position = task.input_position();
+                        tasks.insert(partition, task);
+                        position
+                    });
+                    let _ = reply.send(answer);
+                }
+                Some(Command::Record {
+                    partition,
+                    offset,
+                    key,
+                    value,
+                }) => {
+                    // Records of a partition closed meanwhile were fetched
+                    // before its revoke: its next owner reads them again.
+                    // One below the task's position was processed already
+                    // (offsets may skip: transaction markers take some).
+                    let task = tasks
+                        .get_mut(&partition)
+                        .filter(|t| offset >= 0 && offset as u64 >= t.input_position());
+                    if let Some(task) = task {
+                        let input = Input::Keyed {
+                            key: key.as_deref(),
+                            value: value.as_deref(),
+                        };
+                        task.process_input(input, offset as u64 + 1).with_context(|| {
+                            format!("partition {partition} at input offset {offset}")
+                        })?;
+                    }
+                }
+                Some(Command::Close { partition, reply }) => {
+                    let closed = match tasks.remove(&partition) {
+                        Some(task) => task.close().map(|stats| {
+                            let mut s = shared.summary.lock().unwrap();
+                            s.stats.add(&stats);
+                            s.closed += 1;
+                        }),
+                        None => Ok(()),
+                    };
+                    let closed = closed.with_context(|| format!("closing partition {partition}"));
+                    let failed = closed.is_err();
+                    let _ = reply.send(closed);
+                    if failed {
+                        bail!("closing partition {partition} failed");
+                    }
+                }
+                Some(Command::Lose { partition, reply }) => {
+                    if let Some(task) = tasks.remove(&partition) {
+                        shared.summary.lock().unwrap().stats.add(&task.stats);
+                        shared.summary.lock().unwrap().lost += 1;
+                        drop(task); // no commit, no checkpoint: as after a crash
+                    }
+                    let _ = reply.send(());
+                }
+                None => {}
+            }
+            if last_sweep.elapsed() >= TICK {
+                for (p, task) in &mut tasks {
+                    task.commit_if_due().with_context(|| format!("partition {p}"))?;
+                }
+                last_sweep = Instant::now();
+            }
+        }
+    })();
+    if result.is_err() {
+        // Dropped without commit: the next owner recovers them as after a
+        // crash. Keep answering so the poll loop never waits on us.
+        drop(tasks);
+        for command in rx {
+            match command {
+                Command::Open { reply, .. } => {
+                    let _ = reply.send(Err(anyhow!("a worker failed")));
+                }
+                Command::Close { reply, .. } => {
+                    let _ = reply.send(Ok(()));
+                }
+                Command::Lose { reply, .. } => {
+                    let _ = reply.send(());
+                }
+                Command::Record { .. } => {}
+            }
+        }
+    }
+    result
+}
+
+fn open(
+    config: &Config,
+    runtime: &Runtime,
+    partition: i32,
+    partitions: i32,
+    shared: &Shared,
+) -> Result<Task> {
+    let config = config.for_partition(partition, partitions);
+    let (task, report) =
+        Task::open(&config, runtime).with_context(|| format!("opening partition {partition}"))?;
+    crate::crash::step("after-recovery");
+    tracing::info!(partition, ?report, "partition opened");
+    shared.summary.lock().unwrap().opened.push((partition, report));
+    Ok(task)
+}

@@ -1,0 +1,519 @@
+//! Kafka end to end: a partitioned input topic consumed by several
+//! `txstore run` processes in one consumer group, output written to a
+//! topic in the changelog's transactions. One process is killed (-9) or
+//! stopped and woken (a zombie) mid-run; its partitions move to the
+//! others, and the output, read with `read_committed`, must equal an
+//! independent computation: every update exactly once.
+
+use crate::common::bin;
+use crate::kafka::{broker, fresh_topic};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const PARTITIONS: i32 = 6;
+const PROCESSES: usize = 3;
+/// Input records per partition.
+const PER_PARTITION: usize = 10_000;
+
+/// One output record: key, and value (None: a tombstone).
+type Out = (Vec<u8>, Option<Vec<u8>>);
+
+pub fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in futures_executor::block_on(admin.create_topics([&new], &options)).unwrap() {
+        r.unwrap();
+    }
+}
+
+/// Produces `records` (partition, key, value) and waits for every ack.
+pub fn produce(bootstrap: &str, topic: &str, records: &[(i32, Vec<u8>, Option<Vec<u8>>)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    for (p, k, v) in records {
+        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(*p).key(&k[..]);
+        if let Some(v) = v {
+            r = r.payload(&v[..]);
+        }
+        let mut r = r;
+        loop {
+            match producer.send(r) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    producer.poll(Duration::from_millis(10));
+                    r = back;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+}
+
+/// Every committed record of `topic` (all partitions), read with
+/// `read_committed` from the beginning to the end.
+pub fn read_committed(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Out> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "txstore-test-output-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let mut at_end = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while at_end.len() < partitions as usize {
+        assert!(Instant::now() < deadline, "reading {topic} timed out");
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                at_end.remove(&m.partition());
+                out.push((
+                    m.key().unwrap_or_default().to_vec(),
+                    m.payload().map(<[u8]>::to_vec),
+                ))
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
+fn multiset(v: &[Out]) -> BTreeMap<&Out, usize> {
+    let mut m = BTreeMap::new();
+    for o in v {
+        *m.entry(o).or_default() += 1;
+    }
+    m
+}
+
+/// The differences between two multisets, for a failure message.
+fn differences(expected: &[Out], got: &[Out]) -> String {
+    let (e, g) = (multiset(expected), multiset(got));
+    let mut lines = Vec::new();
+    for (k, n) in &e {
+        let m = g.get(k).copied().unwrap_or(0);
+        if m != *n {
+            lines.push(format!("{:?}: expected {n}, got {m}", show(k)));
+        }
+    }
+    for (k, m) in &g {
+        if !e.contains_key(k) {
+            lines.push(format!("{:?}: expected 0, got {m}", show(k)));
+        }
+    }
+    let total = lines.len();
+    lines.truncate(10);
+    format!("{total} differences, first: {}", lines.join("; "))
+}
+
+fn show(o: &Out) -> String {
+    format!(
+        "{}={}",
+        String::from_utf8_lossy(&o.0),
+        o.1.as_ref()
+            .map_or("<delete>".into(), |v| String::from_utf8_lossy(v).into_owned())
+    )
+}
+
+/// The input (partition, key, value) for `processor`, and the output an
+/// exactly-once run must produce, computed here independently.
+pub fn workload(processor: &str, per_partition: usize) -> (Vec<(i32, Vec<u8>, Option<Vec<u8>>)>, Vec<Out>) {
+    let mut input = Vec::new();
+    let mut expected = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for p in 0..PARTITIONS {
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for i in 0..per_partition {
+            if processor == "word-count" {
+                let words: Vec<String> = (0..1 + next() % 5)
+                    .map(|_| format!("w{}", next() % 40))
+                    .collect();
+                let line = words.join(" ");
+                let mut touched: BTreeMap<String, u64> = BTreeMap::new();
+                for w in &words {
+                    *touched.entry(w.clone()).or_default() += 1;
+                }
+                for (w, n) in touched {
+                    let c = counts.entry(w.clone()).or_default();
+                    *c += n;
+                    expected.push((w.into_bytes(), Some(c.to_string().into_bytes())));
+                }
+                input.push((p, format!("line{i}").into_bytes(), Some(line.into_bytes())));
+            } else {
+                // kv: unique values, and some deletes, so a duplicate or a
+                // lost update shows.
+                let key = format!("k{}", next() % 50).into_bytes();
+                let value = (next() % 7 != 0).then(|| format!("p{p}-{i}").into_bytes());
+                expected.push((key.clone(), value.clone()));
+                input.push((p, key, value));
+            }
+        }
+    }
+    (input, expected)
+}
+
+pub struct Pipeline {
+    pub bootstrap: String,
+    pub dir: tempfile::TempDir,
+    pub input: String,
+    pub output: String,
+    pub changelog: String,
+    pub guest: String,
+    pub processor: String,
+}
+
+impl Pipeline {
+    pub fn new(bootstrap: &str, guest: &str, processor: &str) -> Self {
+        let p = Pipeline {
+            bootstrap: bootstrap.into(),
+            dir: tempfile::tempdir().unwrap(),
+            input: fresh_topic("in"),
+            output: fresh_topic("out"),
+            changelog: fresh_topic("changelog"),
+            guest: guest.into(),
+            processor: processor.into(),
+        };
+        create_topic(bootstrap, &p.input, PARTITIONS);
+        p
+    }
+
+    /// The config of process `i` (its own state directory); `extra` goes
+    /// into `[task.input]`.
+    pub fn config(&self, i: usize, threads: usize, input_extra: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("p{i}.toml"));
+        let text = format!(
+            "[store]\nname = \"s\"\nguest = {guest:?}\nstate_dir = \"state-{i}\"\n\
+             [task]\nprocessor = {processor:?}\nthreads = {threads}\n\
+             commit_interval_records = 100\ncommit_interval_ms = 100\n\
+             output = {{ kind = \"kafka\", topic = {output:?} }}\n\
+             [task.input]\nkind = \"kafka\"\ntopic = {input:?}\ngroup_id = {group:?}\n\
+             session_timeout_ms = 6000\n{input_extra}\n\
+             [changelog]\nkind = \"kafka\"\nbootstrap_servers = {bootstrap:?}\ntopic = {changelog:?}\n\
+             timeout_ms = 10000\n",
+            guest = self.guest,
+            processor = self.processor,
+            output = self.output,
+            input = self.input,
+            group = format!("{}-group", self.input),
+            bootstrap = self.bootstrap,
+            changelog = self.changelog,
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    pub fn spawn(&self, config: &Path, label: &str) -> Process {
+        let log = std::fs::File::create(self.dir.path().join(format!("{label}.log"))).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("TXSTORE_LOG", "txstore=info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Process(child)
+    }
+
+    pub fn log(&self, label: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{label}.log"))).unwrap_or_default()
+    }
+
+    /// The last lines of every process's log.
+    pub fn logs(&self) -> String {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.strip_suffix(".log").map(str::to_string))
+            .collect();
+        names.sort();
+        names
+            .iter()
+            .map(|name| {
+                let log = self.log(name);
+                let lines: Vec<&str> = log.lines().collect();
+                format!("--- {name}:\n{}", lines[lines.len().saturating_sub(15)..].join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub fn output_len(&self) -> usize {
+        read_committed(&self.bootstrap, &self.output, PARTITIONS).len()
+    }
+
+    /// Waits until the output has at least `n` records.
+    pub fn wait_for_output(&self, n: usize, within: Duration, what: &str) {
+        let deadline = Instant::now() + within;
+        loop {
+            let len = self.output_len();
+            if len >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the output has {len} of {n} records after {within:?}; logs:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+/// A `txstore run` child, killed if the test ends first (a failing test
+/// must not leave processes spinning against a broker that is gone).
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Process {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} failed");
+}
+
+/// Sends SIGTERM and waits for a clean exit.
+fn stop(child: &mut Child, label: &str, p: &Pipeline) {
+    signal(child, "-TERM");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{label} exited with {status}: {}", p.log(label));
+            return;
+        }
+        assert!(Instant::now() < deadline, "{label} did not stop: {}", p.log(label));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Static assignments: process `i` of three owns partitions `2i, 2i+1`.
+fn owned(i: usize) -> Vec<i32> {
+    vec![2 * i as i32, 2 * i as i32 + 1]
+}
+
+fn static_config(p: &Pipeline, label: usize, threads: usize, partitions: &[i32]) -> PathBuf {
+    p.config(
+        label,
+        threads,
+        &format!("assignment = \"static\"\npartitions = {partitions:?}"),
+    )
+}
+
+/// Moves the partitions of process 0 to processes 1 and 2, as an
+/// operator (or a supervisor) does with static assignment: each survivor
+/// stops cleanly and restarts owning one more partition, whose state it
+/// rebuilds from the changelog in its own state directory.
+fn move_partitions_of_process_0(p: &Pipeline, children: &mut [Option<Process>]) {
+    for i in 1..PROCESSES {
+        let mut c = children[i].take().unwrap();
+        stop(&mut c, &format!("p{i}"), p);
+        let mut partitions = owned(i);
+        partitions.push(i as i32 - 1);
+        let config = static_config(p, i, 1 + i % 2, &partitions);
+        children[i] = Some(p.spawn(&config, &format!("p{i}-moved")));
+    }
+}
+
+/// Three processes share six partitions; one is killed with SIGKILL when
+/// a tenth of the output is out; its partitions move to the other two,
+/// which finish them from the changelog.
+fn kill_one_mid_run(guest: &str, processor: &str) {
+    let Some(bootstrap) = broker("kill_one_mid_run") else {
+        return;
+    };
+    let p = Pipeline::new(bootstrap, guest, processor);
+    let (input, expected) = workload(processor, PER_PARTITION);
+    produce(bootstrap, &p.input, &input);
+    let mut children: Vec<Option<Process>> = (0..PROCESSES)
+        .map(|i| Some(p.spawn(&static_config(&p, i, 1 + i % 2, &owned(i)), &format!("p{i}"))))
+        .collect();
+    let what = format!("{guest}/{processor}");
+    p.wait_for_output(expected.len() / 10, Duration::from_secs(120), &what);
+    let mut victim = children[0].take().unwrap();
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let at_kill = p.output_len();
+    assert!(
+        at_kill < expected.len(),
+        "{what}: the run was over before the kill; make the input larger"
+    );
+    move_partitions_of_process_0(&p, &mut children);
+    p.wait_for_output(expected.len(), Duration::from_secs(180), &what);
+    for (i, c) in children.iter_mut().enumerate() {
+        if let Some(c) = c {
+            stop(c, &format!("p{i}-moved"), &p);
+        }
+    }
+    let got = read_committed(bootstrap, &p.output, PARTITIONS);
+    assert!(
+        multiset(&got) == multiset(&expected),
+        "{what}: output after a kill -9 (at {at_kill} of {} records) differs from the independent count: {}",
+        expected.len(),
+        differences(&expected, &got),
+    );
+    // The moved partitions' state came from the changelog (the victim
+    // may not have committed in both before it died: at least one).
+    let moved: Vec<String> = (1..PROCESSES)
+        .map(|i| {
+            let log = p.log(&format!("p{i}-moved"));
+            log.lines()
+                .find(|l| l.contains("partition opened") && l.contains(&format!("partition={}", i - 1)))
+                .unwrap_or_else(|| panic!("{what}: p{i} never opened partition {}: {log}", i - 1))
+                .to_string()
+        })
+        .collect();
+    assert!(
+        moved.iter().any(|l| !l.contains("changelog_end: 0,")),
+        "{what}: no partition moved with a changelog to restore: {moved:?}"
+    );
+}
+
+#[test]
+fn word_count_output_is_exact_after_a_kill_with_every_guest() {
+    for guest in ["roll-forward", "roll-back", "buffered", "wipe-on-crash"] {
+        kill_one_mid_run(guest, "word-count");
+    }
+}
+
+#[test]
+fn kv_output_is_exact_after_a_kill() {
+    kill_one_mid_run("roll-forward", "kv");
+}
+
+/// A process stopped (SIGSTOP) while its partitions move: the new owners'
+/// `init_transactions` fence its producers, so when it wakes it stops
+/// with one line that says so, and nothing it did reaches the output.
+#[test]
+fn a_zombie_is_fenced_and_loses_nothing() {
+    let Some(bootstrap) = broker("a_zombie_is_fenced_and_loses_nothing") else {
+        return;
+    };
+    let p = Pipeline::new(bootstrap, "buffered", "word-count");
+    let (input, expected) = workload("word-count", PER_PARTITION);
+    produce(bootstrap, &p.input, &input);
+    let mut children: Vec<Option<Process>> = (0..PROCESSES)
+        .map(|i| Some(p.spawn(&static_config(&p, i, 1, &owned(i)), &format!("p{i}"))))
+        .collect();
+    p.wait_for_output(expected.len() / 10, Duration::from_secs(120), "zombie");
+    let mut zombie = children[0].take().unwrap();
+    signal(&zombie, "-STOP");
+    move_partitions_of_process_0(&p, &mut children);
+    p.wait_for_output(expected.len(), Duration::from_secs(180), "zombie");
+    signal(&zombie, "-CONT");
+    // Awake, it writes (its queue held records) or, idle, is told to stop:
+    // either way its next transaction meets the fence.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while zombie.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if zombie.try_wait().unwrap().is_none() {
+        signal(&zombie, "-TERM");
+    }
+    let status = zombie.wait().unwrap();
+    let log = p.log("p0");
+    assert!(!status.success(), "the zombie exited cleanly: {log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("error")).collect();
+    assert!(
+        errors.len() == 1 && errors[0].contains("fenced"),
+        "the zombie should stop with one line about fencing: {log}"
+    );
+    for (i, c) in children.iter_mut().enumerate() {
+        if let Some(c) = c {
+            stop(c, &format!("p{i}-moved"), &p);
+        }
+    }
+    let got = read_committed(bootstrap, &p.output, PARTITIONS);
+    assert!(
+        multiset(&got) == multiset(&expected),
+        "zombie: output differs from the independent count: {}",
+        differences(&expected, &got)
+    );
+}
+
+/// Three processes in one consumer group split six partitions between
+/// them (cooperative-sticky) and together produce the exact output.
+#[test]
+fn a_consumer_group_splits_the_partitions() {
+    let Some(bootstrap) = broker("a_consumer_group_splits_the_partitions") else {
+        return;
+    };
+    let p = Pipeline::new(bootstrap, "roll-back", "word-count");
+    let (input, expected) = workload("word-count", 2000);
+    produce(bootstrap, &p.input, &input);
+    let mut children: Vec<Process> = (0..PROCESSES)
+        .map(|i| p.spawn(&p.config(i, 1, ""), &format!("p{i}")))
+        .collect();
+    p.wait_for_output(expected.len(), Duration::from_secs(120), "group");
+    for (i, c) in children.iter_mut().enumerate() {
+        stop(c, &format!("p{i}"), &p);
+    }
+    let got = read_committed(bootstrap, &p.output, PARTITIONS);
+    assert!(
+        multiset(&got) == multiset(&expected),
+        "group: output differs from the independent count: {}",
+        differences(&expected, &got)
+    );
+    let opens: Vec<usize> = (0..PROCESSES)
+        .map(|i| p.log(&format!("p{i}")).matches("partition opened").count())
+        .collect();
+    // A process that joins first may take every partition, then hand
+    // some over (closed, reopened by their new owner) as the others join.
+    assert!(
+        opens.iter().all(|n| *n > 0) && opens.iter().sum::<usize>() >= PARTITIONS as usize,
+        "group: opens per process {opens:?}"
+    );
+}
