@@ -188,6 +188,8 @@ pub enum OutputSpec {
     /// A topic written in the changelog's Kafka transaction: a
     /// `read_committed` reader sees each update once.
     Kafka { topic: String },
+    /// A file whose committed length is in `<path>.committed`.
+    File { path: PathBuf },
 }
 
 impl<'de> Deserialize<'de> for InputSpec {
@@ -370,6 +372,14 @@ impl TaskConfig {
                 _ => {}
             }
         }
+        if let (Some(OutputSpec::File { .. }), Some(InputSpec::Kafka(_))) =
+            (&self.output, &self.input)
+        {
+            bail!(
+                "{origin}: task.output of kind \"file\" is for a file input; a Kafka input's tasks write to a topic \
+                 (kind = \"kafka\")"
+            );
+        }
         if let Some(OutputSpec::Kafka { topic }) = &self.output {
             if !kafka_changelog {
                 bail!(
@@ -493,7 +503,7 @@ impl Config {
             properties: c.properties.clone(),
             output_topic: match &self.task.output {
                 Some(OutputSpec::Kafka { topic }) => Some(topic.clone()),
-                None => None,
+                _ => None,
             },
             min_insync_replicas: c.min_insync_replicas,
             topic,
@@ -530,6 +540,14 @@ impl Config {
     pub fn input(&self) -> Option<PathBuf> {
         match &self.task.input {
             Some(InputSpec::File(p)) => Some(self.resolve(p)),
+            _ => None,
+        }
+    }
+
+    /// The output file, when the output is one.
+    pub fn output_file(&self) -> Option<PathBuf> {
+        match &self.task.output {
+            Some(OutputSpec::File { path }) => Some(self.resolve(path)),
             _ => None,
         }
     }

@@ -9,6 +9,7 @@ mod kafka;
 mod kv;
 mod live;
 mod migrate;
+mod output;
 mod pipeline;
 mod polyglot;
 mod power;

@@ -78,7 +78,8 @@ pub fn read_committed(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Out>
         .unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();
@@ -137,13 +138,17 @@ fn show(o: &Out) -> String {
         "{}={}",
         String::from_utf8_lossy(&o.0),
         o.1.as_ref()
-            .map_or("<delete>".into(), |v| String::from_utf8_lossy(v).into_owned())
+            .map_or("<delete>".into(), |v| String::from_utf8_lossy(v)
+                .into_owned())
     )
 }
 
 /// The input (partition, key, value) for `processor`, and the output an
 /// exactly-once run must produce, computed here independently.
-pub fn workload(processor: &str, per_partition: usize) -> (Vec<(i32, Vec<u8>, Option<Vec<u8>>)>, Vec<Out>) {
+pub fn workload(
+    processor: &str,
+    per_partition: usize,
+) -> (Vec<(i32, Vec<u8>, Option<Vec<u8>>)>, Vec<Out>) {
     let mut input = Vec::new();
     let mut expected = Vec::new();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -235,10 +240,15 @@ impl Pipeline {
     }
 
     pub fn spawn(&self, config: &Path, label: &str) -> Process {
+        self.spawn_with(config, label, &[])
+    }
+
+    pub fn spawn_with(&self, config: &Path, label: &str, args: &[&str]) -> Process {
         let log = std::fs::File::create(self.dir.path().join(format!("{label}.log"))).unwrap();
         let child = Command::new(bin())
             .args(["run", "--config"])
             .arg(config)
+            .args(args)
             .env("TXSTORE_LOG", "txstore=info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -266,7 +276,10 @@ impl Pipeline {
             .map(|name| {
                 let log = self.log(name);
                 let lines: Vec<&str> = log.lines().collect();
-                format!("--- {name}:\n{}", lines[lines.len().saturating_sub(15)..].join("\n"))
+                format!(
+                    "--- {name}:\n{}",
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                )
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -332,10 +345,18 @@ fn stop(child: &mut Child, label: &str, p: &Pipeline) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "{label} exited with {status}: {}", p.log(label));
+            assert!(
+                status.success(),
+                "{label} exited with {status}: {}",
+                p.log(label)
+            );
             return;
         }
-        assert!(Instant::now() < deadline, "{label} did not stop: {}", p.log(label));
+        assert!(
+            Instant::now() < deadline,
+            "{label} did not stop: {}",
+            p.log(label)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -379,7 +400,12 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
     let (input, expected) = workload(processor, PER_PARTITION);
     produce(bootstrap, &p.input, &input);
     let mut children: Vec<Option<Process>> = (0..PROCESSES)
-        .map(|i| Some(p.spawn(&static_config(&p, i, 1 + i % 2, &owned(i)), &format!("p{i}"))))
+        .map(|i| {
+            Some(p.spawn(
+                &static_config(&p, i, 1 + i % 2, &owned(i)),
+                &format!("p{i}"),
+            ))
+        })
         .collect();
     let what = format!("{guest}/{processor}");
     p.wait_for_output(expected.len() / 10, Duration::from_secs(120), &what);
@@ -411,7 +437,9 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
         .map(|i| {
             let log = p.log(&format!("p{i}-moved"));
             log.lines()
-                .find(|l| l.contains("partition opened") && l.contains(&format!("partition={}", i - 1)))
+                .find(|l| {
+                    l.contains("partition opened") && l.contains(&format!("partition={}", i - 1))
+                })
                 .unwrap_or_else(|| panic!("{what}: p{i} never opened partition {}: {log}", i - 1))
                 .to_string()
         })
@@ -516,4 +544,136 @@ fn a_consumer_group_splits_the_partitions() {
         opens.iter().all(|n| *n > 0) && opens.iter().sum::<usize>() >= PARTITIONS as usize,
         "group: opens per process {opens:?}"
     );
+}
+
+/// Partition 0 alone, moved between two processes' state directories:
+/// (state directory, records it must be serving after) in turn. Returns
+/// each open's recovery report (JSON).
+fn move_partition_0(p: &Pipeline, batches: &[(usize, usize)]) -> Vec<serde_json::Value> {
+    let mut produced = 0;
+    let mut reports = Vec::new();
+    for (step, &(state, records)) in batches.iter().enumerate() {
+        let input: Vec<_> = (produced..produced + records)
+            .map(|i| {
+                (
+                    0,
+                    format!("k{i}").into_bytes(),
+                    Some(format!("v{i}").into_bytes()),
+                )
+            })
+            .collect();
+        produce(&p.bootstrap, &p.input, &input);
+        produced += records;
+        let label = format!("move{step}");
+        let config = static_config(p, state, 1, &[0]);
+        let mut child = p.spawn_with(&config, &label, &["--json"]);
+        p.wait_for_output(produced, Duration::from_secs(300), &label);
+        stop(&mut child, &label, p);
+        let log = p.log(&label);
+        let json: serde_json::Value = log
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("{label}: no JSON summary: {log}"));
+        reports.push(json["partitions"]["opened"][0][1].clone());
+    }
+    reports
+}
+
+/// A partition that comes back to a process whose local store is one
+/// commit old replays only the commit it missed; to an empty store, the
+/// whole changelog.
+#[test]
+fn a_moved_partition_with_an_old_store_replays_only_the_tail() {
+    let Some(bootstrap) = broker("a_moved_partition_with_an_old_store_replays_only_the_tail")
+    else {
+        return;
+    };
+    for guest in ["roll-forward", "wipe-on-crash"] {
+        let p = Pipeline::new(bootstrap, guest, "kv");
+        // A in state 0 takes 2,000 records; B (state 1, empty) 100 more;
+        // A again, one commit (100 records) behind.
+        let r = move_partition_0(&p, &[(0, 2000), (1, 100), (0, 100)]);
+        assert_eq!(r[0]["replayed_records"], 0, "{guest}: first open {}", r[0]);
+        assert_eq!(
+            r[1]["replayed_records"], 2000,
+            "{guest}: empty store {}",
+            r[1]
+        );
+        assert_eq!(
+            r[2]["replayed_records"], 100,
+            "{guest}: one commit old {}",
+            r[2]
+        );
+    }
+}
+
+/// The figures behind the README's table: time until a moved partition
+/// serves again, against its state size, from an empty local store and
+/// from one a commit old, for every built-in guest. Long: run with
+/// `cargo test --release --test integration pipeline::move_figures -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn move_figures() {
+    let Some(bootstrap) = broker("move_figures") else {
+        return;
+    };
+    println!("| guest | state (keys) | empty store: s (records replayed) | one commit old: s (records replayed) |");
+    println!("|---|---|---|---|");
+    for guest in ["wipe-on-crash", "roll-forward", "roll-back", "buffered"] {
+        for keys in [10_000, 100_000] {
+            let p = Pipeline::new(bootstrap, guest, "kv");
+            let r = move_partition_0(&p, &[(0, keys), (1, 100), (0, 100)]);
+            println!(
+                "| {guest} | {keys} | {:.2} ({}) | {:.2} ({}) |",
+                r[1]["seconds"].as_f64().unwrap(),
+                r[1]["replayed_records"],
+                r[2]["seconds"].as_f64().unwrap(),
+                r[2]["replayed_records"]
+            );
+        }
+    }
+}
+
+/// Records per second of one process over six partitions with 1 and 2
+/// worker threads (from start to the last output record, so start-up and
+/// the group-free static assignment are in it). Long: run with
+/// `cargo test --release --test integration pipeline::thread_figures -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn thread_figures() {
+    let Some(bootstrap) = broker("thread_figures") else {
+        return;
+    };
+    let per_partition = 50_000;
+    println!("| guest | processor | records | 1 thread: records/s | 2 threads: records/s |");
+    println!("|---|---|---|---|---|");
+    for guest in ["wipe-on-crash", "roll-forward", "roll-back", "buffered"] {
+        for processor in ["kv", "word-count"] {
+            let mut rates = Vec::new();
+            for threads in [1, 2] {
+                let mut runs = Vec::new();
+                for _ in 0..3 {
+                    let p = Pipeline::new(bootstrap, guest, processor);
+                    let (input, expected) = workload(processor, per_partition);
+                    produce(bootstrap, &p.input, &input);
+                    let all: Vec<i32> = (0..PARTITIONS).collect();
+                    let config = static_config(&p, 0, threads, &all);
+                    let started = Instant::now();
+                    let mut child = p.spawn(&config, "p0");
+                    p.wait_for_output(expected.len(), Duration::from_secs(600), "threads");
+                    runs.push(input.len() as f64 / started.elapsed().as_secs_f64());
+                    stop(&mut child, "p0", &p);
+                }
+                runs.sort_by(f64::total_cmp);
+                rates.push(runs[1]);
+            }
+            println!(
+                "| {guest} | {processor} | {} | {:.0} | {:.0} |",
+                per_partition * PARTITIONS as usize,
+                rates[0],
+                rates[1]
+            );
+        }
+    }
 }

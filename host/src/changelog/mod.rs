@@ -93,7 +93,9 @@ pub trait Changelog: Send {
     /// Adds `records` to the task's output in the open transaction: they
     /// become visible to `read_committed` readers exactly when it commits.
     fn emit(&mut self, _records: &[Record]) -> Result<()> {
-        anyhow::bail!("this changelog cannot carry output records (task.output needs a Kafka changelog)")
+        anyhow::bail!(
+            "this changelog cannot carry output records (task.output needs a Kafka changelog)"
+        )
     }
     /// Durably commits the open transaction (possibly empty) together with
     /// the task's input position (and the checksum of the input before

@@ -10,6 +10,7 @@
 
 pub mod manifest;
 pub mod migrate;
+pub mod output;
 pub mod partitions;
 pub mod processor;
 pub mod serve;
@@ -107,8 +108,8 @@ pub struct Task {
     pub stats: TaskStats,
     /// Checkpoint after every commit (at-least-once, transactional guest).
     checkpoint_each_commit: bool,
-    /// Output records go to the changelog's transaction (`task.output`).
-    emits_output: bool,
+    /// Where output records go (`task.output`), if anywhere.
+    output: Option<Output>,
     // Keeps the storage (and its lock) alive as long as the task.
     _backend: Arc<dyn Backend>,
     // The state directory's lock, held as long as the task.
@@ -247,7 +248,7 @@ impl Task {
             last_commit: Instant::now(),
             stats: TaskStats::default(),
             checkpoint_each_commit,
-            emits_output: config.task.output.is_some(),
+            output: None,
             _backend: backend,
             _lock: lock,
         };
@@ -298,6 +299,17 @@ impl Task {
         let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
         task.input_position = task.changelog.last_commit().map_or(0, |c| c.input_position);
         task.input_check = task.changelog.last_commit().and_then(|c| c.input_check);
+        task.output = match &config.task.output {
+            None => None,
+            Some(crate::config::OutputSpec::Kafka { .. }) => Some(Output::Changelog),
+            Some(crate::config::OutputSpec::File { .. }) => {
+                let path = config.output_file().expect("a file output has a path");
+                Some(Output::File(output::FileOutput::open(
+                    &path,
+                    task.input_position,
+                )?))
+            }
+        };
         let report = RecoveryReport {
             guest: label,
             transactional,
@@ -441,8 +453,12 @@ impl Task {
     pub fn process_input(&mut self, input: Input<'_>, end_position: u64) -> Result<()> {
         let writes = self.processor.process(input, &mut self.instance)?;
         self.write(&writes)?;
-        if self.emits_output && !writes.is_empty() {
-            self.changelog.emit(&writes)?;
+        if !writes.is_empty() {
+            match &mut self.output {
+                Some(Output::Changelog) => self.changelog.emit(&writes)?,
+                Some(Output::File(f)) => f.emit(&writes)?,
+                None => {}
+            }
         }
         self.end_record(end_position)
     }
@@ -451,7 +467,8 @@ impl Task {
     /// called while the input is idle, so output is not held back.
     pub fn commit_if_due(&mut self) -> Result<()> {
         if self.pending_records > 0
-            && self.last_commit.elapsed() >= Duration::from_millis(self.config.task.commit_interval_ms)
+            && self.last_commit.elapsed()
+                >= Duration::from_millis(self.config.task.commit_interval_ms)
         {
             self.commit()?;
         }
@@ -520,10 +537,16 @@ impl Task {
 
     /// Runs the commit protocol for everything processed so far.
     pub fn commit(&mut self) -> Result<()> {
+        if let Some(Output::File(f)) = &mut self.output {
+            f.prepare(self.input_position)?;
+        }
         let offset = self
             .changelog
             .commit(self.input_position, self.input_check)?;
         crash::step("after-changelog-commit");
+        if let Some(Output::File(f)) = &mut self.output {
+            f.published()?;
+        }
         self.instance.commit(offset)?;
         crash::step("after-store-commit");
         if self.checkpoint_each_commit {
@@ -599,6 +622,13 @@ impl Task {
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>> {
         Ok(self.instance.get(key, isolation)?)
     }
+}
+
+/// Where a task's output records go.
+enum Output {
+    /// Into the changelog's (Kafka) transaction, to the output topic.
+    Changelog,
+    File(output::FileOutput),
 }
 
 /// How a record's writes reach the guest.

@@ -125,14 +125,19 @@ impl Rebalancer {
         for &p in partitions {
             let (reply, rx) = mpsc::channel();
             self.workers[worker_of(p, self.workers.len())]
-                .send(Command::Open { partition: p, reply })
+                .send(Command::Open {
+                    partition: p,
+                    reply,
+                })
                 .map_err(|_| anyhow!("a worker thread has stopped"))?;
             replies.push((p, rx));
         }
         replies
             .into_iter()
             .map(|(p, rx)| {
-                let position = rx.recv().map_err(|_| anyhow!("a worker thread has stopped"))??;
+                let position = rx
+                    .recv()
+                    .map_err(|_| anyhow!("a worker thread has stopped"))??;
                 // Offset 0 is the beginning, even after retention moved it.
                 let offset = match position {
                     0 => Offset::Beginning,
@@ -151,19 +156,27 @@ impl Rebalancer {
             let sent = if lost {
                 let (reply, rx) = mpsc::channel();
                 drops.push(rx);
-                to.send(Command::Lose { partition: p, reply })
+                to.send(Command::Lose {
+                    partition: p,
+                    reply,
+                })
             } else {
                 let (reply, rx) = mpsc::channel();
                 closes.push(rx);
-                to.send(Command::Close { partition: p, reply })
+                to.send(Command::Close {
+                    partition: p,
+                    reply,
+                })
             };
             sent.map_err(|_| anyhow!("a worker thread has stopped"))?;
         }
         for rx in drops {
-            rx.recv().map_err(|_| anyhow!("a worker thread has stopped"))?;
+            rx.recv()
+                .map_err(|_| anyhow!("a worker thread has stopped"))?;
         }
         for rx in closes {
-            rx.recv().map_err(|_| anyhow!("a worker thread has stopped"))??;
+            rx.recv()
+                .map_err(|_| anyhow!("a worker thread has stopped"))??;
         }
         Ok(())
     }
@@ -192,7 +205,10 @@ impl ConsumerContext for Rebalancer {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         let partitions = self.partitions(tpl);
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
@@ -247,8 +263,14 @@ pub fn run(config: &Config, runtime: &Runtime, stop: &AtomicBool) -> Result<Summ
         .clone()
         .or_else(|| config.changelog.bootstrap_servers.clone())
         .context("task.input needs bootstrap_servers (or changelog.bootstrap_servers)")?;
-    if let Some(k) = input.properties.keys().find(|k| PROTECTED.contains(&k.as_str())) {
-        bail!("task.input.properties may not set `{k}`: txstore's exactly-once depends on its value");
+    if let Some(k) = input
+        .properties
+        .keys()
+        .find(|k| PROTECTED.contains(&k.as_str()))
+    {
+        bail!(
+            "task.input.properties may not set `{k}`: txstore's exactly-once depends on its value"
+        );
     }
     let group = input
         .group_id
@@ -273,7 +295,7 @@ pub fn run(config: &Config, runtime: &Runtime, stop: &AtomicBool) -> Result<Summ
         })
         .with_context(|| format!("input: bad Kafka settings for topic `{}`", input.topic))?;
     let partitions = input_partitions(&consumer, input, &bootstrap)?;
-    if let Some(topic) = config.task.output.as_ref().map(|crate::config::OutputSpec::Kafka { topic }| topic) {
+    if let Some(crate::config::OutputSpec::Kafka { topic }) = &config.task.output {
         create_output_topic(config, &bootstrap, topic, partitions)?;
     }
     std::thread::scope(|scope| -> Result<()> {
@@ -360,7 +382,10 @@ fn input_partitions(
         .filter(|t| t.error().is_none())
         .map_or(0, |t| t.partitions().len()) as i32;
     if count == 0 {
-        bail!("input: topic `{}` does not exist at {bootstrap}", input.topic);
+        bail!(
+            "input: topic `{}` does not exist at {bootstrap}",
+            input.topic
+        );
     }
     if let Some(p) = input.partitions.iter().find(|p| **p >= count) {
         bail!(
@@ -373,7 +398,12 @@ fn input_partitions(
 
 /// Creates the output topic (not compacted: every update is an event) when
 /// it does not exist and the changelog may create topics.
-fn create_output_topic(config: &Config, bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
+fn create_output_topic(
+    config: &Config,
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<()> {
     if !config.changelog.create_topic {
         return Ok(());
     }
@@ -423,7 +453,10 @@ fn poll(
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec),
                 };
-                if workers[worker_of(partition, workers.len())].send(record).is_err() {
+                if workers[worker_of(partition, workers.len())]
+                    .send(record)
+                    .is_err()
+                {
                     break; // that worker failed: its error is in `shared`
                 }
             }
@@ -440,7 +473,12 @@ fn is_fatal(e: &KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
     matches!(
         e.rdkafka_error_code(),
-        Some(C::OffsetOutOfRange | C::Fatal | C::TopicAuthorizationFailed | C::GroupAuthorizationFailed)
+        Some(
+            C::OffsetOutOfRange
+                | C::Fatal
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+        )
     )
 }
 
@@ -478,7 +516,8 @@ fn work(
                     // Assigned twice: the old task closes first (it holds
                     // the partition's directory lock).
                     if let Some(old) = tasks.remove(&partition) {
-                        old.close().with_context(|| format!("closing partition {partition}"))?;
+                        old.close()
+                            .with_context(|| format!("closing partition {partition}"))?;
                     }
                     let answer = open(config, runtime, partition, partitions, shared).map(|task| {
                         let position = task.input_position();
@@ -505,9 +544,10 @@ fn work(
                             key: key.as_deref(),
                             value: value.as_deref(),
                         };
-                        task.process_input(input, offset as u64 + 1).with_context(|| {
-                            format!("partition {partition} at input offset {offset}")
-                        })?;
+                        task.process_input(input, offset as u64 + 1)
+                            .with_context(|| {
+                                format!("partition {partition} at input offset {offset}")
+                            })?;
                     }
                 }
                 Some(Command::Close { partition, reply }) => {
@@ -538,7 +578,8 @@ fn work(
             }
             if last_sweep.elapsed() >= TICK {
                 for (p, task) in &mut tasks {
-                    task.commit_if_due().with_context(|| format!("partition {p}"))?;
+                    task.commit_if_due()
+                        .with_context(|| format!("partition {p}"))?;
                 }
                 last_sweep = Instant::now();
             }
@@ -578,6 +619,11 @@ fn open(
         Task::open(&config, runtime).with_context(|| format!("opening partition {partition}"))?;
     crate::crash::step("after-recovery");
     tracing::info!(partition, ?report, "partition opened");
-    shared.summary.lock().unwrap().opened.push((partition, report));
+    shared
+        .summary
+        .lock()
+        .unwrap()
+        .opened
+        .push((partition, report));
     Ok(task)
 }

@@ -23,8 +23,11 @@ pub enum Input<'a> {
 
 pub trait Processor: Send {
     /// The writes for one input record.
-    fn process(&mut self, input: Input<'_>, store: &mut StoreInstance)
-        -> Result<Vec<Record>, CallError>;
+    fn process(
+        &mut self,
+        input: Input<'_>,
+        store: &mut StoreInstance,
+    ) -> Result<Vec<Record>, CallError>;
 }
 
 pub fn new(kind: ProcessorKind) -> Box<dyn Processor> {
