@@ -39,6 +39,8 @@ use std::time::{Duration, Instant};
 
 /// Records queued per worker before the poll loop waits for it.
 const QUEUE_RECORDS: usize = 4096;
+/// How often the poll loop logs where each partition's input stands.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// How often an idle worker looks for commits that are due.
 const TICK: Duration = Duration::from_millis(20);
 /// librdkafka settings the input's guarantees rest on.
@@ -443,9 +445,23 @@ fn poll(
             .subscribe(&[&input.topic])
             .with_context(|| format!("input: cannot subscribe to topic `{}`", input.topic))?;
     }
+    let mut polled = 0u64;
+    let mut last_report = Instant::now();
     while !stop.load(Ordering::Relaxed) && !shared.failed() {
+        if last_report.elapsed() >= PROGRESS_EVERY {
+            // Where the consumer is, per partition: a stalled partition shows.
+            let positions = consumer.position().map(|tpl| {
+                tpl.elements_for_topic(&input.topic)
+                    .iter()
+                    .map(|e| (e.partition(), e.offset().to_raw().unwrap_or(-1)))
+                    .collect::<Vec<_>>()
+            });
+            tracing::info!(records = polled, ?positions, "input progress");
+            last_report = Instant::now();
+        }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
+                polled += 1;
                 let partition = m.partition();
                 let record = Command::Record {
                     partition,
