@@ -691,6 +691,52 @@ mod tests {
         assert_eq!(k.topic_partitions, 4);
     }
 
+    #[test]
+    fn kafka_input_and_output_settings() {
+        let base = "[store]\nname = \"wc\"\nguest = \"g\"\nstate_dir = \"s\"\n";
+        let kafka = "[changelog]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n";
+        let parse =
+            |extra: &str| Config::parse(&format!("{base}{extra}"), "c.toml", Path::new("/etc"));
+        let err = |extra: &str| format!("{:#}", parse(extra).unwrap_err());
+        let c = parse(&format!(
+            "[task]\nthreads = 2\noutput = {{ kind = \"kafka\", topic = \"out\" }}\n\
+             input = {{ kind = \"kafka\", topic = \"in\" }}\n{kafka}"
+        ))
+        .unwrap();
+        assert_eq!(c.kafka_input().unwrap().topic, "in");
+        assert_eq!(c.kafka_input().unwrap().assignment, Assignment::Cooperative);
+        let p3 = c.for_partition(3, 6);
+        assert_eq!(p3.store.name, "wc-3");
+        assert_eq!(p3.state_dir(), PathBuf::from("/etc/s/wc-3"));
+        let k = p3.kafka().unwrap();
+        assert_eq!(
+            (k.topic.as_str(), k.partition, k.topic_partitions),
+            ("wc-changelog", 3, 6)
+        );
+        assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
+        assert_eq!(k.output_topic.as_deref(), Some("out"));
+        assert!(
+            err("[task]\ninput = { kind = \"kafka\", topic = \"in\" }\n")
+                .contains("needs changelog.kind = \"kafka\"")
+        );
+        assert!(err(&format!("[task]\ninput = {{ kind = \"kafka\", topic = \"in\", assignment = \"static\" }}\n{kafka}"))
+            .contains("needs task.input.partitions"));
+        assert!(err(&format!(
+            "[task]\ninput = {{ kind = \"kafka\", topic = \"in\", partitons = [1] }}\n{kafka}"
+        ))
+        .contains("unknown field `partitons`"));
+        assert!(err("[task]\ninput = { kind = \"kafak\" }\n").contains("task.input.kind must be"));
+        assert!(err(&format!(
+            "[task]\ninput = {{ kind = \"kafka\", topic = \"in\" }}\noutput = {{ kind = \"file\", path = \"o\" }}\n{kafka}"
+        ))
+        .contains("is for a file input"));
+        let c =
+            parse("[task]\ninput = \"in.txt\"\noutput = { kind = \"file\", path = \"o.txt\" }\n")
+                .unwrap();
+        assert_eq!(c.input(), Some(PathBuf::from("/etc/in.txt")));
+        assert_eq!(c.output_file(), Some(PathBuf::from("/etc/o.txt")));
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
 

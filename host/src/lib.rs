@@ -6,7 +6,8 @@
 //! - [`storage`]: durable keyspaces and snapshots (RocksDB, memory);
 //! - [`changelog`]: the transactional log the store is rebuilt from;
 //! - [`checkpoint`]: the atomically written checkpoint file;
-//! - [`task`]: the exactly-once commit protocol and start-up recovery;
+//! - [`task`]: the exactly-once commit protocol and start-up recovery, the
+//!   output, and the tasks of a Kafka input's partitions;
 //! - [`crash`]: named crash points for crash tests;
 //! - [`file`]: the file layer for the host's own files, with the power-loss
 //!   simulation; [`fault`]: injected I/O errors; [`mutants`]: test-only bugs;

@@ -197,6 +197,9 @@ pub struct Pipeline {
     pub changelog: String,
     pub guest: String,
     pub processor: String,
+    /// `task.commit_interval_records` (tests commit often, figures as a
+    /// deployment would).
+    pub commit_records: usize,
 }
 
 impl Pipeline {
@@ -209,6 +212,7 @@ impl Pipeline {
             changelog: fresh_topic("changelog"),
             guest: guest.into(),
             processor: processor.into(),
+            commit_records: 100,
         };
         create_topic(bootstrap, &p.input, PARTITIONS);
         p
@@ -221,7 +225,7 @@ impl Pipeline {
         let text = format!(
             "[store]\nname = \"s\"\nguest = {guest:?}\nstate_dir = \"state-{i}\"\n\
              [task]\nprocessor = {processor:?}\nthreads = {threads}\n\
-             commit_interval_records = 100\ncommit_interval_ms = 100\n\
+             commit_interval_records = {commit_records}\ncommit_interval_ms = 100\n\
              output = {{ kind = \"kafka\", topic = {output:?} }}\n\
              [task.input]\nkind = \"kafka\"\ntopic = {input:?}\ngroup_id = {group:?}\n\
              session_timeout_ms = 6000\n{input_extra}\n\
@@ -234,6 +238,7 @@ impl Pipeline {
             group = format!("{}-group", self.input),
             bootstrap = self.bootstrap,
             changelog = self.changelog,
+            commit_records = self.commit_records,
         );
         std::fs::write(&path, text).unwrap();
         path
@@ -685,8 +690,8 @@ fn move_figures() {
 }
 
 /// Records per second of one process over six partitions with 1 and 2
-/// worker threads (from start to the last output record, so start-up and
-/// the group-free static assignment are in it). Long: run with
+/// worker threads, committing every 100 ms (from start to the last output
+/// record, so start-up is in it), median of 3. Long: run with
 /// `cargo test --release --test integration pipeline::thread_figures -- --ignored --nocapture`.
 #[test]
 #[ignore]
@@ -703,7 +708,8 @@ fn thread_figures() {
             for threads in [1, 2] {
                 let mut runs = Vec::new();
                 for _ in 0..3 {
-                    let p = Pipeline::new(bootstrap, guest, processor);
+                    let mut p = Pipeline::new(bootstrap, guest, processor);
+                    p.commit_records = 10_000; // commits every 100 ms, as by default
                     let (input, expected) = workload(processor, per_partition);
                     produce(bootstrap, &p.input, &input);
                     let all: Vec<i32> = (0..PARTITIONS).collect();
