@@ -443,6 +443,27 @@ fn move_partitions_of_process_0(p: &Pipeline, children: &mut [Option<Process>]) 
     }
 }
 
+/// Stops the processes that took the moved partitions over, then checks
+/// the whole output, read `read_committed`, against `expected`.
+fn stop_moved_and_compare(
+    p: &Pipeline,
+    children: &mut [Option<Process>],
+    expected: &[Out],
+    what: &str,
+) {
+    for (i, c) in children.iter_mut().enumerate() {
+        if let Some(c) = c {
+            stop(c, &format!("p{i}-moved"), p);
+        }
+    }
+    let got = read_committed(&p.bootstrap, &p.output, PARTITIONS);
+    assert!(
+        multiset(&got) == multiset(expected),
+        "{what}: the output differs from the independent count: {}",
+        differences(expected, &got)
+    );
+}
+
 /// Three processes share six partitions; one is killed with SIGKILL when
 /// a tenth of the output is out; its partitions move to the other two,
 /// which finish them from the changelog.
@@ -473,17 +494,11 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
     );
     move_partitions_of_process_0(&p, &mut children);
     p.wait_for_output(expected.len(), Duration::from_secs(180), &what);
-    for (i, c) in children.iter_mut().enumerate() {
-        if let Some(c) = c {
-            stop(c, &format!("p{i}-moved"), &p);
-        }
-    }
-    let got = read_committed(bootstrap, &p.output, PARTITIONS);
-    assert!(
-        multiset(&got) == multiset(&expected),
-        "{what}: output after a kill -9 (at {at_kill} of {} records) differs from the independent count: {}",
-        expected.len(),
-        differences(&expected, &got),
+    stop_moved_and_compare(
+        &p,
+        &mut children,
+        &expected,
+        &format!("{what} (killed at {at_kill})"),
     );
     // The moved partitions' state came from the changelog (the victim
     // may not have committed in both before it died: at least one).
@@ -553,17 +568,7 @@ fn a_zombie_is_fenced_and_loses_nothing() {
         errors.len() == 1 && errors[0].contains("fenced"),
         "the zombie should stop with one line about fencing: {log}"
     );
-    for (i, c) in children.iter_mut().enumerate() {
-        if let Some(c) = c {
-            stop(c, &format!("p{i}-moved"), &p);
-        }
-    }
-    let got = read_committed(bootstrap, &p.output, PARTITIONS);
-    assert!(
-        multiset(&got) == multiset(&expected),
-        "zombie: output differs from the independent count: {}",
-        differences(&expected, &got)
-    );
+    stop_moved_and_compare(&p, &mut children, &expected, "zombie");
 }
 
 /// Three processes in one consumer group split six partitions between

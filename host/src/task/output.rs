@@ -95,19 +95,17 @@ impl FileOutput {
     /// Adds the lines of `records` to the open transaction.
     pub fn emit(&mut self, records: &[Record]) -> Result<()> {
         for r in records {
-            match r {
-                Record::Put(k, v) => {
-                    self.out.write_all(k)?;
-                    self.out.write_all(b"\t")?;
-                    self.out.write_all(v)?;
-                }
-                Record::Delete(k) => self.out.write_all(k)?,
+            let (key, value) = match r {
+                Record::Put(k, v) => (k, Some(v)),
+                Record::Delete(k) => (k, None),
+            };
+            self.out.write_all(key)?;
+            if let Some(v) = value {
+                self.out.write_all(b"\t")?;
+                self.out.write_all(v)?;
             }
             self.out.write_all(b"\n")?;
-            self.len += match r {
-                Record::Put(k, v) => k.len() + 1 + v.len() + 1,
-                Record::Delete(k) => k.len() + 1,
-            } as u64;
+            self.len += (key.len() + value.map_or(0, |v| 1 + v.len()) + 1) as u64;
         }
         Ok(())
     }

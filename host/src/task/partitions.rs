@@ -584,8 +584,9 @@ fn work(
                 }
                 Some(Command::Lose { partition, reply }) => {
                     if let Some(task) = tasks.remove(&partition) {
-                        shared.summary.lock().unwrap().stats.add(&task.stats);
-                        shared.summary.lock().unwrap().lost += 1;
+                        let mut summary = shared.summary.lock().unwrap();
+                        summary.stats.add(&task.stats);
+                        summary.lost += 1;
                         drop(task); // no commit, no checkpoint: as after a crash
                     }
                     let _ = reply.send(());
