@@ -28,7 +28,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, Top
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
     BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
@@ -488,13 +488,36 @@ impl KafkaLog {
             .consumer
             .group_metadata()
             .context("changelog: the consumer has no group metadata")?;
-        self.producer
-            .send_offsets_to_transaction(&tpl, &group, self.s.timeout)
-            .map_err(|e| self.error("send_offsets_to_transaction", e))?;
-        self.producer
-            .commit_transaction(self.s.timeout)
-            .map_err(|e| self.error("commit_transaction", e))?;
+        self.retrying("send_offsets_to_transaction", || {
+            self.producer
+                .send_offsets_to_transaction(&tpl, &group, self.s.timeout)
+        })?;
+        self.retrying("commit_transaction", || {
+            self.producer.commit_transaction(self.s.timeout)
+        })?;
         Ok(offset)
+    }
+
+    /// Runs a transactional call, calling it again while librdkafka says
+    /// the error is retriable ("retry call to resume": a timeout, for
+    /// example after the process was stopped past its deadline). The retry
+    /// learns the real outcome (committed, or fenced) instead of reporting
+    /// a timeout. Bounded: `COMMIT_ATTEMPTS` calls in all.
+    fn retrying(&self, op: &str, mut call: impl FnMut() -> KafkaResult<()>) -> Result<()> {
+        const COMMIT_ATTEMPTS: u32 = 3;
+        let mut attempt = 1;
+        loop {
+            match call() {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(e))
+                    if e.is_retriable() && attempt < COMMIT_ATTEMPTS =>
+                {
+                    tracing::debug!("changelog: {op} attempt {attempt}: {e}; retrying");
+                    attempt += 1;
+                }
+                Err(e) => return Err(self.error(op, e)),
+            }
+        }
     }
 
     /// Waits until every sent record is acknowledged. rdkafka's own
