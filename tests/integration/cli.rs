@@ -407,3 +407,56 @@ fn bench_passes_guest_options() {
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].contains("no_such_option"), "{err}");
 }
+
+/// `bench --stores N` opens N stores (each its own database and guest
+/// instance) per target, writes through all of them, and reports every
+/// figure; `--recovery-sizes` follows `--keys` when not given.
+#[test]
+fn bench_opens_many_stores_and_sizes_follow_keys() {
+    let out = ok(&txstore(&[
+        "bench",
+        "--stores",
+        "20",
+        "--threads",
+        "2",
+        "--keys",
+        "4000",
+        "--runs",
+        "1",
+        "--guests",
+        "roll-forward,wipe-on-crash",
+        "--format",
+        "json",
+    ]));
+    let figures: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let targets: Vec<&str> = figures
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        targets,
+        ["native rocksdb", "roll-forward", "wipe-on-crash"],
+        "{out}"
+    );
+    for f in figures.as_array().unwrap() {
+        assert_eq!(f["stores"], 20, "{f}");
+        assert_eq!(f["threads"], 2, "{f}");
+        for k in ["open_s", "reopen_s", "rss_per_store_bytes", "write_per_s"] {
+            assert!(f[k].as_f64().unwrap() > 0.0, "{k} in {f}");
+        }
+    }
+    let report: serde_json::Value = serde_json::from_str(&ok(&txstore(&[
+        "bench", "--keys", "20000", "--reads", "100", "--runs", "1", "--guests", "buffered",
+        "--format", "json",
+    ])))
+    .unwrap();
+    let sizes: Vec<u64> = report["guests"][0]["recovery"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [10_000, 20_000], "{report}");
+}

@@ -13,6 +13,7 @@
 //! Write phases and recoveries run `runs` times; the medians are reported.
 
 pub mod report;
+pub mod stores;
 
 use crate::changelog::Record;
 use crate::config::{Config, Guarantee};
@@ -202,12 +203,12 @@ fn open_target(
     })
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -433,6 +434,34 @@ fn recovery_time(
     Ok((report.elapsed.as_secs_f64(), report.action))
 }
 
+/// The default commit size: what `COMMIT_INTERVAL` of native writes
+/// gives, probed on a fresh store.
+pub fn default_commit_every(runtime: &Runtime, keys: u64) -> Result<u64> {
+    let dir = tempfile::tempdir()?;
+    let probe = keys.min(200_000);
+    let (rate, _, _) = write_phase(
+        runtime,
+        None,
+        &[],
+        dir.path(),
+        probe,
+        u64::MAX,
+        None,
+        &indicatif::ProgressBar::hidden(),
+    )?;
+    Ok(((rate * COMMIT_INTERVAL.as_secs_f64()) as u64).max(1))
+}
+
+/// The recovery curve's sizes when none are given: decades from 10^4 up
+/// to `keys`, and `keys` itself.
+pub fn recovery_sizes_for(keys: u64) -> Vec<u64> {
+    let mut sizes: Vec<u64> = std::iter::successors(Some(10_000u64), |s| s.checked_mul(10))
+        .take_while(|&s| s < keys)
+        .collect();
+    sizes.push(keys);
+    sizes
+}
+
 /// Runs everything; progress on stderr.
 pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
     let bar = if opts.progress {
@@ -446,24 +475,9 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
     let phases = 2 * opts.runs.max(1) as u64 * opts.keys * (1 + opts.guests.len() as u64);
     bar.set_length(phases);
     let zipf = Zipf::new(opts.keys);
-    // The native rate decides the default commit size (100 ms of writes).
     let commit_every = match opts.commit_every {
         Some(k) => k,
-        None => {
-            let dir = tempfile::tempdir()?;
-            let probe = opts.keys.min(200_000);
-            let (rate, _, _) = write_phase(
-                runtime,
-                None,
-                &[],
-                dir.path(),
-                probe,
-                u64::MAX,
-                None,
-                &indicatif::ProgressBar::hidden(),
-            )?;
-            ((rate * COMMIT_INTERVAL.as_secs_f64()) as u64).max(1)
-        }
+        None => default_commit_every(runtime, opts.keys)?,
     };
     let native = measure(runtime, None, opts, commit_every, &zipf, &bar)?;
     let mut guests = Vec::new();

@@ -211,9 +211,18 @@ enum Command {
         /// Point reads per isolation level.
         #[arg(long, default_value_t = 200_000)]
         reads: u64,
-        /// State sizes for the recovery curve.
-        #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+        /// State sizes for the recovery curve (default: decades from
+        /// 10000 up to --keys, and --keys).
+        #[arg(long, value_delimiter = ',')]
         recovery_sizes: Vec<u64>,
+        /// Instead of the single-store figures: open this many stores in
+        /// one process (each its own guest instance) and report open time,
+        /// resident memory per store and aggregate write rate.
+        #[arg(long, value_name = "N")]
+        stores: Option<usize>,
+        /// Writer threads for --stores (stores split round-robin).
+        #[arg(long, default_value_t = 1, requires = "stores")]
+        threads: usize,
         /// Runs per figure; the median is reported.
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -245,6 +254,14 @@ enum Command {
         txn: u64,
         #[arg(long = "option", value_parser = parse_option)]
         options: Vec<(String, String)>,
+    },
+    /// One `bench --stores` run for one target in a fresh process, so its
+    /// resident memory is its own (started by `bench --stores`).
+    #[command(hide = true)]
+    BenchStoresChild {
+        /// The options and the target, as JSON.
+        #[arg(long)]
+        spec: String,
     },
     /// One conformance run in this process (started by `conformance`).
     #[command(hide = true)]
@@ -443,11 +460,45 @@ pub fn main(cli: Cli) -> Result<()> {
             json,
             plot,
             options,
+            stores,
+            threads,
         } => {
             let guests = if guests.is_empty() {
                 txstore_artifacts::names().map(str::to_string).collect()
             } else {
                 guests
+            };
+            let runtime = Runtime::new(crate::config::default_cache_dir())?;
+            if let Some(stores) = stores {
+                anyhow::ensure!(stores > 0, "--stores must be at least 1");
+                let commit_every = match commit_every {
+                    Some(k) => k,
+                    None => crate::bench::default_commit_every(&runtime, keys)?,
+                };
+                let opts = crate::bench::stores::Options {
+                    stores,
+                    keys,
+                    commit_every,
+                    threads,
+                    guests,
+                    guest_options: options,
+                    runs,
+                };
+                let figures = crate::bench::stores::run(&opts, std::io::stderr().is_terminal())?;
+                match format {
+                    BenchFormat::Md => print!("{}", crate::bench::stores::markdown(&figures)),
+                    BenchFormat::Json => println!("{}", serde_json::to_string_pretty(&figures)?),
+                }
+                if let Some(path) = json {
+                    std::fs::write(&path, serde_json::to_string_pretty(&figures)?)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                }
+                return Ok(());
+            }
+            let recovery_sizes = if recovery_sizes.is_empty() {
+                crate::bench::recovery_sizes_for(keys)
+            } else {
+                recovery_sizes
             };
             let opts = crate::bench::Options {
                 keys,
@@ -459,7 +510,6 @@ pub fn main(cli: Cli) -> Result<()> {
                 progress: std::io::stderr().is_terminal(),
                 guest_options: options,
             };
-            let runtime = Runtime::new(crate::config::default_cache_dir())?;
             let report = crate::bench::run(&runtime, &opts)?;
             match format {
                 BenchFormat::Md => print!("{}", crate::bench::report::markdown(&report)),
@@ -483,6 +533,10 @@ pub fn main(cli: Cli) -> Result<()> {
         } => {
             let runtime = Runtime::new(crate::config::default_cache_dir())?;
             crate::bench::recovery_child(&runtime, &guest, &options, &dir, keys, txn)
+        }
+        Command::BenchStoresChild { spec } => {
+            let runtime = Runtime::new(crate::config::default_cache_dir())?;
+            crate::bench::stores::child(&runtime, &spec)
         }
         Command::ConformanceChild {
             guest,
