@@ -1,13 +1,16 @@
 //! `roll-forward`: the KIP-844 two-store design. Uncommitted writes go to
 //! the `temp` keyspace (a tag byte: 1 + value for a put, 0 for a delete).
-//! Commit, each step one synced host call:
+//! Commit:
 //!   1. write the marker (the offset being committed) to `meta`;
-//!   2. copy `temp` into `main` in batches, then sync;
-//!   3. clear `temp` (one range deletion);
-//!   4. record the offset and delete the marker, atomically.
-//! Recovery: a marker means a commit was interrupted after step 1: redo
-//! steps 2-4 (the copy is idempotent: `temp` is intact until step 3, and
-//! after step 3 there is nothing left to copy). No marker: clear `temp`.
+//!   2. copy `temp` into `main` in batches;
+//!   3. in one synced batch: clear `temp` (one range deletion), record the
+//!      offset and delete the marker.
+//! Only step 3 syncs: storage keeps a prefix of the write history, so a
+//! crash leaves no marker (nothing of steps 2-3 either: the commit never
+//! happened), or the marker and part of the copy with `temp` intact, or
+//! all of it. Recovery: a marker means a commit was interrupted after step
+//! 1: redo steps 2-3 (the copy is idempotent: `temp` is intact until step
+//! 3). No marker: clear `temp`.
 //!
 //! Where KIP-844's prototype lost (about 4% of RocksDB): a host round trip
 //! per key on commit and a per-key delete to empty the temporary store.
@@ -91,16 +94,17 @@ impl Store {
             }
             storage::write(&[KeyspaceOps { keyspace: &self.main, ops }], false)?;
         }
-        it.finish()?;
-        storage::sync()
+        it.finish()
     }
 
-    /// Steps 2-4 for the commit at `offset` whose marker is written.
+    /// Steps 2-3 for the commit at `offset` whose marker is written.
     fn finish_commit(&mut self, offset: u64) -> Result<(), Error> {
         self.copy_temp_to_main()?;
-        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops: vec![Op::Clear] }], true)?;
         storage::write(
-            &[KeyspaceOps { keyspace: &self.meta, ops: vec![put_u64(OFFSET, offset), Op::Delete(MARKER.to_vec())] }],
+            &[
+                KeyspaceOps { keyspace: &self.temp, ops: vec![Op::Clear] },
+                KeyspaceOps { keyspace: &self.meta, ops: vec![put_u64(OFFSET, offset), Op::Delete(MARKER.to_vec())] },
+            ],
             true,
         )?;
         self.bytes = 0;
@@ -231,7 +235,7 @@ impl Guest for RollForward {
                 let ops = vec![put_u64(OFFSET, offset)];
                 return storage::write(&[KeyspaceOps { keyspace: &s.meta, ops }], true);
             }
-            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(MARKER, offset)] }], true)?;
+            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(MARKER, offset)] }], false)?;
             s.finish_commit(offset)
         })
     }

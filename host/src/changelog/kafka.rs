@@ -360,15 +360,7 @@ impl KafkaLog {
             None => (error_code(&e), e.to_string()),
         };
         if is_fenced(code) {
-            anyhow!(
-                "changelog: fenced: another instance with transactional id `{}` took over topic `{}` partition {} \
-                 (or a transaction stayed open past transaction.timeout.ms = {}); this one stops (everything it \
-                 committed is in the changelog, its open transaction is aborted)",
-                self.s.transactional_id,
-                self.s.topic,
-                self.s.partition,
-                self.transaction_timeout_ms
-            )
+            self.fenced()
         } else {
             anyhow!(
                 "changelog: Kafka {op} failed for topic `{}` partition {} at {}: {detail}",
@@ -376,6 +368,47 @@ impl KafkaLog {
                 self.s.partition,
                 self.s.bootstrap_servers
             )
+        }
+    }
+
+    fn fenced(&self) -> anyhow::Error {
+        anyhow!(
+            "changelog: fenced: another instance with transactional id `{}` took over topic `{}` partition {} \
+             (or a transaction stayed open past transaction.timeout.ms = {}); this one stops (everything it \
+             committed is in the changelog, its open transaction is aborted)",
+            self.s.transactional_id,
+            self.s.topic,
+            self.s.partition,
+            self.transaction_timeout_ms
+        )
+    }
+
+    /// An operation of the open transaction failed (`e`): abort the
+    /// transaction now rather than leave it open until it times out
+    /// (read_committed readers wait on it). The abort also asks the
+    /// coordinator whether another instance took over, the usual cause
+    /// when a process wakes from a pause longer than its timeouts: its
+    /// first error is then a local timeout, and fencing is the true one.
+    /// The transaction stays failed: only `abort` may follow.
+    fn fail(&mut self, e: anyhow::Error) -> anyhow::Error {
+        self.failed = true;
+        if self.in_transaction && self.producer.client().fatal_error().is_none() {
+            self.producer
+                .purge(PurgeConfig::default().queue().inflight());
+            let aborted = self.flush().is_ok()
+                && self
+                    .retrying("abort_transaction", || {
+                        self.producer.abort_transaction(self.s.timeout)
+                    })
+                    .is_ok();
+            if aborted {
+                *self.producer.context().state.lock().unwrap() = DeliveryState::default();
+                self.in_transaction = false;
+            }
+        }
+        match self.producer.client().fatal_error() {
+            Some((code, _)) if is_fenced(Some(code)) => self.fenced(),
+            _ => e,
         }
     }
 
@@ -582,8 +615,7 @@ impl Changelog for KafkaLog {
             .chain(rest)
             .try_for_each(|r| self.send(r, None));
         if let Err(e) = sent {
-            self.failed = true;
-            return Err(e);
+            return Err(self.fail(e));
         }
         self.held = Some(last.clone());
         Ok(())
@@ -596,8 +628,7 @@ impl Changelog for KafkaLog {
         self.begin()?;
         for record in records {
             if let Err(e) = self.send_to(&topic, None, record, None) {
-                self.failed = true;
-                return Err(e);
+                return Err(self.fail(e));
             }
         }
         Ok(())
@@ -620,10 +651,7 @@ impl Changelog for KafkaLog {
                 });
                 Ok(offset)
             }
-            Err(e) => {
-                self.failed = true;
-                Err(e)
-            }
+            Err(e) => Err(self.fail(e)),
         }
     }
 

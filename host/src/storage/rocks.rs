@@ -16,13 +16,13 @@ use super::{
     Result, StorageError, StoreStorage,
 };
 use rocksdb::{
-    checkpoint::Checkpoint, BoundColumnFamily, FlushOptions, Options, ReadOptions, WriteBatch,
-    WriteOptions,
+    checkpoint::Checkpoint, BlockBasedOptions, BoundColumnFamily, Cache, ColumnFamilyDescriptor,
+    FlushOptions, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
 type RawIter = rocksdb::DBRawIteratorWithThreadMode<'static, Db>;
@@ -31,6 +31,16 @@ type RawIter = rocksdb::DBRawIteratorWithThreadMode<'static, Db>;
 struct DbHandle {
     db: Db,
     health: Arc<Health>,
+    /// Every column family's name, kept here because asking RocksDB
+    /// (`list_cf`) reads the MANIFEST from disk, and every commit's flush
+    /// needs them. Families are created, never dropped.
+    cfs: Mutex<Vec<String>>,
+}
+
+impl DbHandle {
+    fn cf_names(&self) -> Vec<String> {
+        self.cfs.lock().unwrap().clone()
+    }
 }
 
 impl Deref for DbHandle {
@@ -46,7 +56,7 @@ impl Drop for DbHandle {
         // durable the batch of a `write(sync)` whose flush failed, which
         // the caller was told applied nothing.
         if self.health.check().is_ok() {
-            let _ = flush_db(&self.db);
+            let _ = flush_db(self);
         }
     }
 }
@@ -61,8 +71,31 @@ pub struct RocksBackend {
     health: Arc<Health>,
 }
 
-fn db_options() -> Options {
+/// One block cache for every database of the process, so memory stays
+/// bounded however many stores a process opens (as Kafka Streams'
+/// bounded-memory config does).
+const BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// Bloom filter bits per key: about 1% false positives, so a read of an
+/// absent key (roll-back's prior values, point reads) skips the files.
+const BLOOM_BITS_PER_KEY: f64 = 10.0;
+
+fn block_cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(|| Cache::new_lru_cache(BLOCK_CACHE_BYTES))
+}
+
+/// The options of every column family (keyspace).
+fn cf_options() -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(block_cache());
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
     let mut opts = Options::default();
+    opts.set_block_based_table_factory(&table);
+    opts
+}
+
+fn db_options() -> Options {
+    let mut opts = cf_options();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_atomic_flush(true);
@@ -98,7 +131,10 @@ impl RocksBackend {
         } else {
             vec!["default".into()]
         };
-        let db = Db::open_cf(&opts, &path, &cfs).map_err(|e| {
+        let descriptors = cfs
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(n, cf_options()));
+        let db = Db::open_cf_descriptors(&opts, &path, descriptors).map_err(|e| {
             let msg = e.into_string();
             if msg.contains("lock") || msg.contains("LOCK") {
                 StorageError::Io(format!(
@@ -113,6 +149,7 @@ impl RocksBackend {
         let db = Arc::new(DbHandle {
             db,
             health: health.clone(),
+            cfs: Mutex::new(cfs),
         });
         let weak = Arc::downgrade(&db);
         crate::crash::on_flush_crash(Box::new(move || {
@@ -135,8 +172,8 @@ impl RocksBackend {
 }
 
 /// Flushes every column family of `db` at one point (atomic flush).
-fn flush_db(db: &Db) -> Result<()> {
-    let names = Db::list_cf(&db_options(), db.path())?;
+fn flush_db(db: &DbHandle) -> Result<()> {
+    let names = db.cf_names();
     let handles: Vec<_> = names.iter().filter_map(|n| db.cf_handle(n)).collect();
     let mut fo = FlushOptions::default();
     fo.set_wait(true);
@@ -212,7 +249,8 @@ impl RocksStore {
 
     fn ensure_cf(&self, full: &str) -> Result<()> {
         if self.db.cf_handle(full).is_none() {
-            self.db.create_cf(full, &Options::default())?;
+            self.db.create_cf(full, &cf_options())?;
+            self.db.cfs.lock().unwrap().push(full.to_string());
         }
         Ok(())
     }
@@ -283,7 +321,7 @@ impl StoreStorage for RocksStore {
 
     fn keyspaces(&self) -> Result<Vec<String>> {
         self.health.check()?;
-        let names = Db::list_cf(&db_options(), self.db.path())?;
+        let names = self.db.cf_names();
         Ok(names
             .iter()
             .filter_map(|n| n.strip_prefix(&self.prefix))
@@ -422,7 +460,7 @@ impl StoreStorage for RocksStore {
         }
         let snap_cfs = Db::list_cf(&Options::default(), &path)?;
         let snap = Db::open_cf_for_read_only(&Options::default(), &path, &snap_cfs, false)?;
-        let mut ours: Vec<String> = Db::list_cf(&db_options(), self.db.path())?;
+        let mut ours: Vec<String> = self.db.cf_names();
         ours.extend(snap_cfs.iter().cloned());
         ours.sort();
         ours.dedup();
