@@ -546,6 +546,18 @@ fn a_zombie_is_fenced_and_loses_nothing() {
         .map(|i| Some(p.spawn(&static_config(&p, i, 1, &owned(i)), &format!("p{i}"))))
         .collect();
     p.wait_for_output(expected.len() / 10, Duration::from_secs(120), "zombie");
+    // A zombie is a process that was serving: stopped while it still opens
+    // a partition, it would wake inside `init_transactions` (which fences
+    // nobody yet) rather than inside a transaction.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while p.log("p0").matches("partition opened").count() < owned(0).len() {
+        assert!(
+            Instant::now() < deadline,
+            "p0 never opened its partitions: {}",
+            p.log("p0")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut zombie = children[0].take().unwrap();
     signal(&zombie, "-STOP");
     move_partitions_of_process_0(&p, &mut children);
