@@ -387,6 +387,25 @@ fn open(config_path: &Path) -> Result<(Task, RecoveryReport)> {
     Task::open(&config, &runtime)
 }
 
+/// A bench's figures on stdout (markdown or JSON) and, if asked, as JSON
+/// in a file.
+fn print_figures(
+    format: BenchFormat,
+    md: &str,
+    figures: &impl serde::Serialize,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    match format {
+        BenchFormat::Md => print!("{md}"),
+        BenchFormat::Json => println!("{}", serde_json::to_string_pretty(figures)?),
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(figures)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
 pub fn main(cli: Cli) -> Result<()> {
     if let Command::Conformance {
         guests,
@@ -485,15 +504,8 @@ pub fn main(cli: Cli) -> Result<()> {
                     runs,
                 };
                 let figures = crate::bench::stores::run(&opts, std::io::stderr().is_terminal())?;
-                match format {
-                    BenchFormat::Md => print!("{}", crate::bench::stores::markdown(&figures)),
-                    BenchFormat::Json => println!("{}", serde_json::to_string_pretty(&figures)?),
-                }
-                if let Some(path) = json {
-                    std::fs::write(&path, serde_json::to_string_pretty(&figures)?)
-                        .with_context(|| format!("cannot write {}", path.display()))?;
-                }
-                return Ok(());
+                let md = crate::bench::stores::markdown(&figures);
+                return print_figures(format, &md, &figures, json.as_deref());
             }
             let recovery_sizes = if recovery_sizes.is_empty() {
                 crate::bench::recovery_sizes_for(keys)
@@ -511,14 +523,8 @@ pub fn main(cli: Cli) -> Result<()> {
                 guest_options: options,
             };
             let report = crate::bench::run(&runtime, &opts)?;
-            match format {
-                BenchFormat::Md => print!("{}", crate::bench::report::markdown(&report)),
-                BenchFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-            }
-            if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-                    .with_context(|| format!("cannot write {}", path.display()))?;
-            }
+            let md = crate::bench::report::markdown(&report);
+            print_figures(format, &md, &report, json.as_deref())?;
             if let Some(dir) = plot {
                 crate::bench::report::plots(&report, &dir)?;
             }
