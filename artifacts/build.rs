@@ -55,23 +55,32 @@ fn main() {
         "building the guests for {TARGET} failed (see the errors above)"
     );
 
-    let mut code = String::from("/// The built-in guests: (name, component bytes).\npub const BUILTIN: &[(&str, &[u8])] = &[\n");
-    for (name, _) in &crates {
-        let wasm = target_dir
-            .join(TARGET)
-            .join("release")
-            .join(format!("{}.wasm", name.replace('-', "_")));
-        assert!(
-            wasm.exists(),
-            "guest {name} built but {} is missing",
-            wasm.display()
-        );
+    let mut code = String::new();
+    for (kind, processors) in [("BUILTIN", false), ("PROCESSORS", true)] {
         code.push_str(&format!(
-            "    ({name:?}, include_bytes!({:?})),\n",
-            wasm.display().to_string()
+            "/// The built-in {}: (name, component bytes).\npub const {kind}: &[(&str, &[u8])] = &[\n",
+            if processors { "example processors" } else { "guests" }
         ));
+        for (name, dir) in &crates {
+            if is_processor(dir) != processors {
+                continue;
+            }
+            let wasm = target_dir
+                .join(TARGET)
+                .join("release")
+                .join(format!("{}.wasm", name.replace('-', "_")));
+            assert!(
+                wasm.exists(),
+                "guest {name} built but {} is missing",
+                wasm.display()
+            );
+            code.push_str(&format!(
+                "    ({name:?}, include_bytes!({:?})),\n",
+                wasm.display().to_string()
+            ));
+        }
+        code.push_str("];\n");
     }
-    code.push_str("];\n");
     std::fs::write(out_dir.join("guests.rs"), code).unwrap();
 }
 
@@ -93,6 +102,15 @@ fn ensure_target() {
         .map(|s| s.success())
         .unwrap_or(false);
     assert!(added, "the {TARGET} target is missing and `rustup target add {TARGET}` failed: install it, then rebuild");
+}
+
+/// A crate of the `processor` world (`[package.metadata.txstore] world =
+/// "processor"`) rather than a strategy.
+fn is_processor(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("Cargo.toml"))
+        .unwrap()
+        .lines()
+        .any(|l| l.replace(' ', "") == "world=\"processor\"")
 }
 
 /// (package name, directory) of every guest crate, in name order.

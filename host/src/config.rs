@@ -3,7 +3,7 @@
 //! Unknown keys and wrong types are errors that name the file and line.
 
 use crate::runtime::{GuestSource, Limits};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -74,21 +74,41 @@ impl std::fmt::Display for Guarantee {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProcessorKind {
+/// `task.processor`: a built-in name or a processor component's path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ProcessorSpec {
     /// `key<TAB>value` puts, `key` alone deletes.
     #[default]
     Kv,
     /// Counts words (runs of ASCII letters and digits, lowercased).
     WordCount,
+    /// A component of the `processor` world (a path ending in `.wasm`,
+    /// relative to the config file).
+    Wasm(PathBuf),
+}
+
+impl<'de> Deserialize<'de> for ProcessorSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "kv" => Ok(ProcessorSpec::Kv),
+            "word-count" => Ok(ProcessorSpec::WordCount),
+            path if path.ends_with(".wasm") => Ok(ProcessorSpec::Wasm(PathBuf::from(path))),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown processor `{other}`: a built-in (`kv`, `word-count`) or a processor component's path \
+                 ending in `.wasm`"
+            ))),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
     pub guarantee: Guarantee,
-    pub processor: ProcessorKind,
+    pub processor: ProcessorSpec,
+    /// Passed to a wasm processor's `init` as strings.
+    pub processor_options: BTreeMap<String, toml::Value>,
     /// What `txstore run` consumes: a file path (overridden by `--input`),
     /// or `{ kind = "kafka", topic = "..." }`.
     pub input: Option<InputSpec>,
@@ -114,7 +134,8 @@ impl Default for TaskConfig {
     fn default() -> Self {
         Self {
             guarantee: Guarantee::ExactlyOnce,
-            processor: ProcessorKind::Kv,
+            processor: ProcessorSpec::Kv,
+            processor_options: BTreeMap::new(),
             input: None,
             output: None,
             threads: 1,
@@ -344,6 +365,9 @@ impl TaskConfig {
         if !(1..=MAX_THREADS).contains(&self.threads) {
             bail!("{origin}: task.threads must be between 1 and {MAX_THREADS}");
         }
+        if !self.processor_options.is_empty() && !matches!(self.processor, ProcessorSpec::Wasm(_)) {
+            bail!("{origin}: task.processor_options are for a processor component (task.processor = \"PATH.wasm\")");
+        }
         let kafka_changelog = changelog.kind == ChangelogKind::Kafka;
         if let Some(InputSpec::Kafka(k)) = &self.input {
             // A partition's state must follow it to whichever process
@@ -414,16 +438,55 @@ pub fn option_args(options: &[(String, String)]) -> impl Iterator<Item = String>
 }
 
 impl Config {
-    /// Reads and checks `path`.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config {}", path.display()))?;
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    /// Reads and checks the configuration file `path` (relative paths in
+    /// it are resolved against its directory). Errors name the file and
+    /// line.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("txstore.toml");
+    /// std::fs::write(&path, "[store]\nguest = \"buffered\"\nstate_dir = \"state\"\n[task]\ncomit_interval_ms = 5\n")?;
+    /// let err = txstore::Config::load(&path).unwrap_err();
+    /// assert!(matches!(err, txstore::Error::Config(_)));
+    /// assert!(err.to_string().contains("txstore.toml:5"), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn load(path: &Path) -> Result<Self, crate::Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            crate::error::marked(
+                crate::error::Kind::Config,
+                format!("cannot read config {}: {e}", path.display()),
+            )
+        })?;
+        // `txstore.toml` has the parent "": relative paths then resolve
+        // against ".", which (unlike "") names a directory to fsync.
+        let base = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
         Self::parse(&text, &path.display().to_string(), &base)
     }
 
-    /// Parses config text; `origin` names it in errors.
-    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Self> {
+    /// Parses config text; `origin` names it in errors and `base` is the
+    /// directory relative paths are resolved against.
+    ///
+    /// ```
+    /// use txstore::Config;
+    ///
+    /// let config = Config::parse("[store]\nguest = \"roll-back\"\nstate_dir = \"s\"\n", "inline", "/srv".as_ref())?;
+    /// assert_eq!(config.state_dir(), std::path::Path::new("/srv/s"));
+    /// # Ok::<(), txstore::Error>(())
+    /// ```
+    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Self, crate::Error> {
+        Self::parse_inner(text, origin, base).map_err(|e| {
+            crate::Error::Config(crate::error::marked(
+                crate::error::Kind::Config,
+                format!("{e:#}"),
+            ))
+        })
+    }
+
+    fn parse_inner(text: &str, origin: &str, base: &Path) -> Result<Self> {
         let mut config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().trim().to_string();
             match e.span() {
@@ -447,7 +510,13 @@ impl Config {
         Ok(config)
     }
 
-    /// A config in memory, for tests and the library API.
+    /// A config in memory with every default: `guest` (a built-in name or
+    /// a component's path) keeping its store in `state_dir`.
+    ///
+    /// ```
+    /// let config = txstore::Config::new("buffered", "state".as_ref());
+    /// assert_eq!(config.store.guest, "buffered");
+    /// ```
     pub fn new(guest: &str, state_dir: &Path) -> Self {
         Self {
             store: StoreConfig {
@@ -473,6 +542,12 @@ impl Config {
         }
     }
 
+    /// The state directory, resolved against the config's directory.
+    ///
+    /// ```
+    /// let config = txstore::Config::new("buffered", "/var/lib/app/state".as_ref());
+    /// assert_eq!(config.state_dir(), std::path::Path::new("/var/lib/app/state"));
+    /// ```
     pub fn state_dir(&self) -> PathBuf {
         self.resolve(&self.store.state_dir)
     }
@@ -611,18 +686,35 @@ impl Config {
 
     /// The `init` options as strings.
     pub fn init_options(&self) -> Vec<(String, String)> {
-        self.store
-            .options
-            .iter()
-            .map(|(k, v)| {
-                let v = match v {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                (k.clone(), v)
-            })
-            .collect()
+        as_strings(&self.store.options)
     }
+
+    /// The wasm processor's `init` options as strings.
+    pub fn processor_options(&self) -> Vec<(String, String)> {
+        as_strings(&self.task.processor_options)
+    }
+
+    /// The wasm processor's path, when the processor is one.
+    pub fn processor_path(&self) -> Option<PathBuf> {
+        match &self.task.processor {
+            ProcessorSpec::Wasm(p) => Some(self.resolve(p)),
+            _ => None,
+        }
+    }
+}
+
+/// Option values as the WIT's strings (a TOML string unquoted).
+fn as_strings(options: &BTreeMap<String, toml::Value>) -> Vec<(String, String)> {
+    options
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), v)
+        })
+        .collect()
 }
 
 /// `$XDG_CACHE_HOME/txstore` or `~/.cache/txstore`.

@@ -13,6 +13,7 @@ mod output;
 mod pipeline;
 mod polyglot;
 mod power;
+mod processors;
 mod protocol;
 mod sandbox;
 mod strategies;

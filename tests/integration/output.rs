@@ -34,7 +34,7 @@ fn expected(input: &Path) -> String {
 }
 
 /// What a reader trusting `<path>.committed` reads.
-fn committed(path: &Path) -> String {
+pub fn committed(path: &Path) -> String {
     let mut c = path.as_os_str().to_owned();
     c.push(".committed");
     // Missing or empty (a power cut after its unsynced rename) means 0.

@@ -1,7 +1,8 @@
 //! Guests written in other languages, built by their own scripts with their
 //! own tools (componentize-py for Python, jco/componentize-js for
 //! JavaScript), then held to the same checks as the built-in guests: the
-//! conformance suite and the word-count crash sweep.
+//! conformance suite and the word-count crash sweep; the Python processor
+//! to the processors' crash sweep.
 //!
 //! A missing tool skips the tests with one `SKIPPED` line on stderr; with
 //! `TXSTORE_REQUIRE_POLYGLOT=1` (CI) it fails them instead.
@@ -65,6 +66,14 @@ fn python_guest(test: &str) -> Option<&'static Path> {
     )
 }
 
+fn python_processor(test: &str) -> Option<&'static Path> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    built(
+        BUILT.get_or_init(|| build("python-processor", "python_processor.wasm")),
+        test,
+    )
+}
+
 fn js_guest(test: &str) -> Option<&'static Path> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     built(
@@ -120,5 +129,17 @@ fn js_guest_passes_conformance() {
 fn js_guest_word_count_is_exact_after_every_crash() {
     if let Some(guest) = js_guest("js_guest_word_count_is_exact_after_every_crash") {
         crate::strategies::sweep(guest.to_str().unwrap());
+    }
+}
+
+/// The Python processor (running statistics, like the Rust example) held
+/// to the Rust one's sweep: every strategy, every crash and power-loss
+/// scenario, exact store and output.
+#[test]
+fn python_processor_is_exact_after_every_crash_and_power_loss() {
+    if let Some(p) = python_processor("python_processor_is_exact_after_every_crash_and_power_loss")
+    {
+        let crashes = crate::processors::sweep(p);
+        eprintln!("python-processor: {crashes} crashes, exact after each");
     }
 }

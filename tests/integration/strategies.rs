@@ -9,7 +9,7 @@ use crate::kv::open;
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use txstore::config::{Config, ProcessorKind};
+use txstore::config::{Config, ProcessorSpec};
 use txstore::conformance::copy_dir;
 use txstore::runtime::Isolation;
 use txstore::storage::{Backend, RocksBackend};
@@ -277,7 +277,7 @@ fn buffered_commits_early_and_bounds_its_memory() {
         "max_uncommitted_bytes".into(),
         toml::Value::Integer(LIMIT as i64),
     );
-    config.task.processor = ProcessorKind::WordCount;
+    config.task.processor = ProcessorSpec::WordCount;
     config.task.commit_interval_records = u64::MAX;
     config.task.commit_interval_ms = u64::MAX;
     config.task.uncommitted_max_bytes = u64::MAX; // only the guest's own limit
@@ -287,7 +287,7 @@ fn buffered_commits_early_and_bounds_its_memory() {
     let mut position = 0u64;
     for line in bytes.split_inclusive(|b| *b == b'\n') {
         position += line.len() as u64;
-        task.process(line.strip_suffix(b"\n").unwrap_or(line), position)
+        task.process_line(line.strip_suffix(b"\n").unwrap_or(line), position)
             .unwrap();
         assert!(
             task.store().approximate_uncommitted_bytes().unwrap() <= LIMIT,

@@ -372,7 +372,7 @@ impl KafkaLog {
     }
 
     fn fenced(&self) -> anyhow::Error {
-        anyhow!(
+        crate::error::marked(crate::error::Kind::Fenced, format!(
             "changelog: fenced: another instance with transactional id `{}` took over topic `{}` partition {} \
              (or a transaction stayed open past transaction.timeout.ms = {}); this one stops (everything it \
              committed is in the changelog, its open transaction is aborted)",
@@ -380,7 +380,7 @@ impl KafkaLog {
             self.s.topic,
             self.s.partition,
             self.transaction_timeout_ms
-        )
+        ))
     }
 
     /// An operation of the open transaction failed (`e`): abort the

@@ -384,7 +384,7 @@ fn live(config_path: &PathBuf, request: &serve::Request) -> Result<Option<serve:
 fn open(config_path: &Path) -> Result<(Task, RecoveryReport)> {
     let config = Config::load(config_path)?;
     let runtime = runtime_for(&config)?;
-    Task::open(&config, &runtime)
+    Ok(Task::open(&config, &runtime)?)
 }
 
 /// A bench's figures on stdout (markdown or JSON) and, if asked, as JSON
@@ -840,7 +840,15 @@ fn print_recovery(r: &RecoveryReport) {
 fn inspect(guest: &str) -> Result<()> {
     let runtime = Runtime::new(crate::config::default_cache_dir())?;
     let source = GuestSource::parse(guest);
-    let component = runtime.load(&source)?;
+    let component = match (runtime.load(&source), &source) {
+        (Ok(c), _) => c,
+        (Err(e), GuestSource::Path(path))
+            if format!("{e:#}").contains("it is a processor component") =>
+        {
+            return inspect_processor(&runtime, path);
+        }
+        (Err(e), _) => return Err(e),
+    };
     let backend = crate::storage::MemoryBackend::new();
     let storage = crate::storage::Backend::open_store(&backend, "inspect")?;
     let mut instance = component.instantiate(storage, "inspect", &runtime::Limits::default())?;
@@ -864,5 +872,20 @@ fn inspect(guest: &str) -> Result<()> {
             "compiled"
         }
     );
+    Ok(())
+}
+
+/// `txstore inspect` of a processor component (the `processor` world).
+fn inspect_processor(runtime: &Runtime, path: &Path) -> Result<()> {
+    let component = runtime.load_processor(path)?;
+    println!("processor:      {}", path.display());
+    println!(
+        "world:          {}/processor@{}",
+        runtime::WIT_PACKAGE,
+        runtime::WIT_VERSION
+    );
+    println!("exports:        {}", component.exports.join(", "));
+    println!("imports:        {}", component.imports.join(", "));
+    println!("sha256:         {}", component.load.hash);
     Ok(())
 }

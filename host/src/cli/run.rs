@@ -248,7 +248,7 @@ fn feed(task: &mut Task, input: &Path, server: Option<&QueryServer>) -> Result<(
                 input.display()
             );
         }
-        task.process(record, position)?;
+        task.process_line(record, position)?;
         task.stats.input_bytes += n as u64;
         if task.stats.records % QUERY_POLL_RECORDS == 0 {
             if let Some(server) = server {

@@ -392,9 +392,9 @@ fn execute(
                 workload::apply(&mut live, records);
                 task.end_record(i as u64 + 1).map_err(guest_error)?;
             }
-            Step::Commit => task.commit().map_err(guest_error)?,
+            Step::Commit => task.commit().map_err(|e| guest_error(e.into()))?,
             Step::Read(key, iso) => {
-                let got = task.get(key, *iso).map_err(guest_error)?;
+                let got = task.get(key, *iso).map_err(|e| guest_error(e.into()))?;
                 let want = model(*iso).get(key);
                 if got.as_ref() != want {
                     return Err(violation(

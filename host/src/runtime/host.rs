@@ -37,6 +37,23 @@ impl wasmtime_wasi::HostMonotonicClock for StoppedClock {
     }
 }
 
+/// The WASI a guest gets (strategy or processor): no preopens,
+/// environment, arguments or network (wasmtime-wasi's defaults), and clocks
+/// stopped at zero: the contracts grant no time, so a guest cannot make its
+/// results depend on it. Stderr goes to a bounded buffer, so a trap can say
+/// what the guest said last (a Rust panic message) without the guest
+/// flooding anything.
+pub(crate) fn sandbox_wasi() -> (WasiCtx, MemoryOutputPipe) {
+    let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+    let wasi = wasmtime_wasi::WasiCtxBuilder::new()
+        .wall_clock(StoppedClock)
+        .monotonic_clock(StoppedClock)
+        .allow_ip_name_lookup(false)
+        .stderr(stderr.clone())
+        .build();
+    (wasi, stderr)
+}
+
 /// A keyspace handle held by a guest.
 pub struct KeyspaceRes {
     id: KeyspaceId,
@@ -65,18 +82,7 @@ impl GuestState {
         store_name: String,
         limits: GuestLimiter,
     ) -> Self {
-        // No preopens, environment, arguments or network (wasmtime-wasi's
-        // defaults), and clocks stopped at zero: the contract grants no
-        // time, so a guest cannot make its results depend on it. Stderr
-        // goes to a bounded buffer, so a trap can say what the guest said
-        // last (a Rust panic message) without the guest flooding anything.
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        let wasi = wasmtime_wasi::WasiCtxBuilder::new()
-            .wall_clock(StoppedClock)
-            .monotonic_clock(StoppedClock)
-            .allow_ip_name_lookup(false)
-            .stderr(stderr.clone())
-            .build();
+        let (wasi, stderr) = sandbox_wasi();
         Self {
             stderr,
             table: ResourceTable::new(),

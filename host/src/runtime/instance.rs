@@ -155,48 +155,8 @@ impl StoreInstance {
         }
     }
 
-    /// Says which limit a trap came from, when it came from one.
     fn explain(&self, e: &wasmtime::Error) -> String {
-        match e.downcast_ref::<wasmtime::Trap>() {
-            Some(wasmtime::Trap::Interrupt) => {
-                format!(
-                    "guest exceeded its time limit of {} ms",
-                    self.limits.call_timeout_ms
-                )
-            }
-            Some(wasmtime::Trap::StackOverflow) => "guest overflowed its wasm stack".into(),
-            _ if e.downcast_ref::<MemoryLimitExceeded>().is_some() => {
-                format!(
-                    "guest exceeded its memory limit of {} MiB",
-                    self.limits.memory_mib
-                )
-            }
-            // One line: the trap's kind, not its wasm backtrace, and the
-            // last thing the guest printed (a Rust guest's panic message).
-            Some(trap) => match self.last_stderr_line() {
-                Some(said) => format!("guest trapped ({trap}): {said}"),
-                None => format!("guest trapped: {trap}"),
-            },
-            None => format!(
-                "guest failed: {}",
-                e.to_string().lines().next().unwrap_or("")
-            ),
-        }
-    }
-
-    fn last_stderr_line(&self) -> Option<String> {
-        let bytes = self.store.data().stderr.contents();
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        // Rust prints "thread .. panicked at FILE:LINE:" then the message.
-        match lines.iter().rposition(|l| l.contains("panicked at")) {
-            Some(i) => Some(format!("{} {}", lines[i], lines.get(i + 1).unwrap_or(&""))),
-            None => lines.last().map(|l| l.to_string()),
-        }
+        explain(e, &self.limits, &self.store.data().stderr)
     }
 
     /// Export calls made so far, by function.
@@ -361,6 +321,54 @@ impl StoreInstance {
     /// The largest linear memory the guest has grown to, in bytes.
     pub fn peak_memory_bytes(&self) -> u64 {
         self.store.data().limits.peak_memory as u64
+    }
+}
+
+/// Says which limit a trap came from, when it came from one, and what the
+/// guest printed last (a Rust guest's panic message): one line, not the
+/// wasm backtrace.
+pub(super) fn explain(
+    e: &wasmtime::Error,
+    limits: &Limits,
+    stderr: &wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+) -> String {
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => {
+            format!(
+                "guest exceeded its time limit of {} ms",
+                limits.call_timeout_ms
+            )
+        }
+        Some(wasmtime::Trap::StackOverflow) => "guest overflowed its wasm stack".into(),
+        _ if e.downcast_ref::<MemoryLimitExceeded>().is_some() => {
+            format!(
+                "guest exceeded its memory limit of {} MiB",
+                limits.memory_mib
+            )
+        }
+        Some(trap) => match last_stderr_line(stderr) {
+            Some(said) => format!("guest trapped ({trap}): {said}"),
+            None => format!("guest trapped: {trap}"),
+        },
+        None => format!(
+            "guest failed: {}",
+            e.to_string().lines().next().unwrap_or("")
+        ),
+    }
+}
+
+fn last_stderr_line(stderr: &wasmtime_wasi::p2::pipe::MemoryOutputPipe) -> Option<String> {
+    let bytes = stderr.contents();
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    // Rust prints "thread .. panicked at FILE:LINE:" then the message.
+    match lines.iter().rposition(|l| l.contains("panicked at")) {
+        Some(i) => Some(format!("{} {}", lines[i], lines.get(i + 1).unwrap_or(&""))),
+        None => lines.last().map(|l| l.to_string()),
     }
 }
 

@@ -6,12 +6,14 @@
 mod host;
 mod instance;
 mod limiter;
+pub mod processor;
 
 pub use host::GuestState;
 pub use instance::{
     CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError,
 };
 pub use limiter::MemoryLimitExceeded;
+pub use processor::{ProcessorComponent, WasmProcessor};
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -97,6 +99,8 @@ impl std::fmt::Display for GuestSource {
 pub struct Runtime {
     engine: Engine,
     linker: Linker<GuestState>,
+    /// The `processor` world's imports (WASI and `state`).
+    processor_linker: Linker<processor::ProcessorState>,
     cache_dir: Option<PathBuf>,
 }
 
@@ -137,6 +141,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let mut processor_linker = Linker::new(&engine);
+        processor::add_to_linker(&mut processor_linker)?;
 
         // The ticker lives as long as the engine, which instances keep
         // alive after the Runtime itself is gone: it must not stop earlier,
@@ -154,6 +160,7 @@ impl Runtime {
         Ok(Self {
             engine,
             linker,
+            processor_linker,
             cache_dir,
         })
     }
@@ -195,7 +202,7 @@ impl Runtime {
         check_is_component(label, bytes)?;
         let hash = hex(&Sha256::digest(bytes));
         let (component, cached) = self.compile_cached(label, bytes, &hash)?;
-        let (exports, imports) = check_world(label, &self.engine, &component)?;
+        let (exports, imports) = check_world(label, &self.engine, &component, World::Store)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -213,6 +220,50 @@ impl Runtime {
             pre,
             engine: self.engine.clone(),
             load,
+            exports,
+            imports,
+        })
+    }
+
+    /// Loads a processor component (the `processor` world) from `path`.
+    pub fn load_processor(&self, path: &Path) -> Result<ProcessorComponent> {
+        let started = Instant::now();
+        let label = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| {
+            crate::error::marked(
+                crate::error::Kind::Config,
+                format!("cannot read processor {label}: {e} (task.processor names `kv`, `word-count` or a .wasm file)"),
+            )
+        })?;
+        let checked = (|| {
+            check_is_component(&label, &bytes)?;
+            let hash = hex(&Sha256::digest(&bytes));
+            let (component, cached) = self.compile_cached(&label, &bytes, &hash)?;
+            let (exports, imports) =
+                check_world(&label, &self.engine, &component, World::Processor)?;
+            let pre = self
+                .processor_linker
+                .instantiate_pre(&component)
+                .map_err(|e| link_error(&label, &format!("{e:#}")))?;
+            let pre = processor::bindings::ProcessorPre::new(pre)
+                .map_err(anyhow::Error::from)
+                .with_context(|| {
+                    format!("processor {label} does not implement txstore:store/processor")
+                })?;
+            Ok::<_, anyhow::Error>((pre, cached, hash, exports, imports))
+        })();
+        // Whatever is wrong with the file, it is the config's choice.
+        let (pre, cached, hash, exports, imports) = checked
+            .map_err(|e| crate::error::marked(crate::error::Kind::Config, format!("{e:#}")))?;
+        Ok(ProcessorComponent {
+            label,
+            pre,
+            engine: self.engine.clone(),
+            load: LoadInfo {
+                cached,
+                elapsed: started.elapsed(),
+                hash,
+            },
             exports,
             imports,
         })
@@ -394,12 +445,46 @@ fn link_error(label: &str, message: &str) -> anyhow::Error {
     }
 }
 
-/// Checks that the component exports our `state-store` at our version and
-/// imports nothing but our `storage` and WASI. Returns (exports, imports).
+/// The worlds of wit/ a component may implement.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum World {
+    /// A strategy: exports `state-store`, imports `storage`.
+    Store,
+    /// User logic: exports `processor`, imports `state`.
+    Processor,
+}
+
+impl World {
+    fn name(self) -> &'static str {
+        match self {
+            World::Store => "store",
+            World::Processor => "processor",
+        }
+    }
+
+    fn export(self) -> &'static str {
+        match self {
+            World::Store => "state-store",
+            World::Processor => "record-processor",
+        }
+    }
+
+    fn import(self) -> &'static str {
+        match self {
+            World::Store => "storage",
+            World::Processor => "state",
+        }
+    }
+}
+
+/// Checks that the component exports our `world`'s interface at our
+/// version and imports nothing but that world's import and WASI. Returns
+/// (exports, imports).
 fn check_world(
     label: &str,
     engine: &Engine,
     component: &Component,
+    world: World,
 ) -> Result<(Vec<String>, Vec<String>)> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
@@ -410,26 +495,61 @@ fn check_world(
         Some((iface.to_string(), version.to_string()))
     };
     let want = format!("{WIT_PACKAGE}@{WIT_VERSION}");
+    let what = match world {
+        World::Store => "guest",
+        World::Processor => "processor",
+    };
     for name in exports.iter().chain(&imports) {
         if let Some((_, version)) = ours(name) {
             if version != WIT_VERSION {
-                bail!("guest {label} was built against {WIT_PACKAGE}@{version}, but this host provides {want}");
+                bail!("{what} {label} was built against {WIT_PACKAGE}@{version}, but this host provides {want}");
             }
         }
     }
     if !exports
         .iter()
-        .any(|n| ours(n).is_some_and(|(i, _)| i == "state-store"))
+        .any(|n| ours(n).is_some_and(|(i, _)| i == world.export()))
     {
+        let other = match world {
+            World::Store => World::Processor,
+            World::Processor => World::Store,
+        };
+        let hint = if exports
+            .iter()
+            .any(|n| ours(n).is_some_and(|(i, _)| i == other.export()))
+        {
+            format!(
+                " it is a {} component: name it in {}",
+                other.name(),
+                match other {
+                    World::Store => "store.guest",
+                    World::Processor => "task.processor",
+                }
+            )
+        } else {
+            format!(" build it against the `{}` world of wit/", world.name())
+        };
         bail!(
-            "guest {label} does not export {WIT_PACKAGE}/state-store@{WIT_VERSION} (it exports: {}); \
-             build it against the `store` world of wit/",
-            if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+            "{what} {label} does not export {WIT_PACKAGE}/{}@{WIT_VERSION} (it exports: {});{hint}",
+            world.export(),
+            if exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                exports.join(", ")
+            }
         );
     }
+    let provided = format!(
+        "{WIT_PACKAGE}/{}@{WIT_VERSION} and WASI 0.2",
+        world.import()
+    );
     for name in &imports {
-        if ours(name).is_none() && !name.starts_with("wasi:") {
-            bail!("guest {label} imports `{name}`, which this host does not provide; it links only {PROVIDED}");
+        let allowed = match ours(name) {
+            Some((iface, _)) => iface == world.import() || iface == "types",
+            None => name.starts_with("wasi:"),
+        };
+        if !allowed {
+            bail!("{what} {label} imports `{name}`, which this host does not provide to a {} component; it links only {provided}", world.name());
         }
     }
     Ok((exports, imports))

@@ -8,6 +8,7 @@
 //! changelog after the returned offset -> resume the input at the committed
 //! input position.
 
+pub mod builder;
 pub mod manifest;
 pub mod migrate;
 pub mod output;
@@ -17,12 +18,14 @@ pub mod serve;
 
 use crate::changelog::{Changelog, CleanStats, Record, Replayed};
 use crate::checkpoint::Checkpoint;
-use crate::config::{BackendKind, Config, Guarantee};
+use crate::config::{BackendKind, Config, Guarantee, ProcessorSpec};
 use crate::crash;
+use crate::error::{marked, Error, Kind};
 use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstance, WitEntry};
 use crate::storage::{Backend, MemoryBackend, PowerBackend, RocksBackend};
-use anyhow::{bail, Context, Result};
-pub use processor::{Input, Processor};
+use anyhow::{bail, Context as _, Result};
+pub use builder::TaskBuilder;
+pub use processor::{Context, Input, Processor};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,6 +119,18 @@ pub struct Task {
     _lock: std::fs::File,
 }
 
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task")
+            .field("store", &self.config.store.name)
+            .field("state_dir", &self.config.state_dir())
+            .field("guest", &self.instance.label())
+            .field("input_position", &self.input_position)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Takes the exclusive lock of `dir` (a `LOCK` file), so that no second
 /// process (any backend, any config sharing the directory) writes there.
 pub fn lock_dir(dir: &Path, what: &str) -> Result<std::fs::File> {
@@ -128,11 +143,14 @@ pub fn lock_dir(dir: &Path, what: &str) -> Result<std::fs::File> {
         .with_context(|| format!("cannot open lock file {}", path.display()))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => bail!(
-            "{what} {} is in use by another txstore process (it holds {}); stop it first",
-            dir.display(),
-            path.display()
-        ),
+        Err(std::fs::TryLockError::WouldBlock) => Err(marked(
+            Kind::InUse,
+            format!(
+                "{what} {} is in use by another txstore process (it holds {}); stop it first",
+                dir.display(),
+                path.display()
+            ),
+        )),
         Err(std::fs::TryLockError::Error(e)) => {
             Err(e).with_context(|| format!("cannot lock {}", path.display()))
         }
@@ -172,12 +190,66 @@ pub fn open_backend_at(kind: BackendKind, dir: &Path) -> Result<Arc<dyn Backend>
 }
 
 impl Task {
-    /// Opens the store and brings it to the changelog's committed state.
-    pub fn open(config: &Config, runtime: &Runtime) -> Result<(Self, RecoveryReport)> {
+    /// Opens the store of `config` and brings it to the changelog's
+    /// committed state, with the processor `config` names.
+    ///
+    /// ```
+    /// use txstore::{Config, Runtime, Task};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let config = Config::parse(
+    ///     "[store]\nguest = \"buffered\"\nstate_dir = \"state\"\n[task]\nprocessor = \"word-count\"\n",
+    ///     "example.toml",
+    ///     dir.path(),
+    /// )?;
+    /// let runtime = Runtime::new(None)?;
+    /// let (mut task, report) = Task::open(&config, &runtime)?;
+    /// assert_eq!(report.replayed_records, 0);
+    /// task.process_line(b"to be or not to be", 19)?;
+    /// task.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open(config: &Config, runtime: &Runtime) -> Result<(Self, RecoveryReport), Error> {
+        Self::open_with(config, runtime, None)
+    }
+
+    /// [`Task::open`] with the caller's `processor` instead of the one
+    /// `config` names (when `Some`).
+    ///
+    /// ```
+    /// use txstore::{Config, Kv, Runtime, Task};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let config = Config::new("roll-forward", dir.path());
+    /// let runtime = Runtime::new(None)?;
+    /// let (task, _) = Task::open_with(&config, &runtime, Some(Box::new(Kv)))?;
+    /// task.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_with(
+        config: &Config,
+        runtime: &Runtime,
+        processor: Option<Box<dyn Processor>>,
+    ) -> Result<(Self, RecoveryReport), Error> {
+        Self::open_inner(config, runtime, processor).map_err(Error::from)
+    }
+
+    fn open_inner(
+        config: &Config,
+        runtime: &Runtime,
+        processor: Option<Box<dyn Processor>>,
+    ) -> Result<(Self, RecoveryReport)> {
         let started = Instant::now();
         let state_dir = config.state_dir();
-        // A guest that does not load (a misspelt name) creates nothing.
-        let guest = runtime.load(&config.guest())?;
+        // A guest or processor that does not load (a misspelt name)
+        // creates nothing.
+        let guest = runtime
+            .load(&config.guest())
+            .map_err(|e| marked(Kind::Config, format!("{e:#}")))?;
+        let processor = match processor {
+            Some(p) => p,
+            None => processor_for(config, runtime)?,
+        };
         let existing = state_dir.join("store").exists() || config.changelog_dir().exists();
         crate::file::attach(&state_dir);
         crate::file::create_dir_all(&state_dir)
@@ -235,7 +307,7 @@ impl Task {
             checkpoint.remove()?; // a damaged file must not be read again
         }
         let mut task = Task {
-            processor: processor::new(config.task.processor),
+            processor,
             config: config.clone(),
             instance,
             changelog: opened.log,
@@ -398,15 +470,30 @@ impl Task {
     }
 
     /// The live guest instance (queries, tests).
+    #[doc(hidden)]
     pub fn store(&mut self) -> &mut StoreInstance {
         &mut self.instance
     }
 
-    /// Where input processing resumes (bytes into the input file).
+    /// Where input processing resumes: the `end_position` of the last
+    /// record processed (committed or not; after open, the committed one).
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// task.close()?;
+    /// let (task, report) = TaskBuilder::new(dir.path()).open()?;
+    /// assert_eq!((task.input_position(), report.input_position), (4, 4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn input_position(&self) -> u64 {
         self.input_position
     }
 
+    #[doc(hidden)]
     /// Ends one input record whose writes went through [`Task::write`]:
     /// the input is consumed up to `position`, and the task commits when the
     /// interval or the uncommitted limit says so.
@@ -418,6 +505,7 @@ impl Task {
         self.maybe_commit()
     }
 
+    #[doc(hidden)]
     /// The CRC32C of the input up to the end of the record being
     /// processed (file input): committed with the position, so that a
     /// later run can tell whether it is given the same input.
@@ -425,63 +513,167 @@ impl Task {
         self.next_input_check = Some(check);
     }
 
+    #[doc(hidden)]
     /// The input checksum committed with the last transaction, if any.
     pub fn committed_input_check(&self) -> Option<u32> {
         self.changelog.last_commit().and_then(|c| c.input_check)
     }
 
     /// The changelog offset of the last committed transaction, if any.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// assert_eq!(task.committed_offset(), None);
+    /// task.process_line(b"k\tv", 4)?;
+    /// task.commit()?;
+    /// assert!(task.committed_offset().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn committed_offset(&self) -> Option<u64> {
         self.changelog.last_commit().map(|c| c.offset)
     }
 
     /// The input position of the last committed transaction.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).manual_commits().open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// assert_eq!(task.committed_input_position(), 0);
+    /// task.commit()?;
+    /// assert_eq!(task.committed_input_position(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn committed_input_position(&self) -> u64 {
         self.changelog.last_commit().map_or(0, |c| c.input_position)
     }
 
-    /// Processes one input line ending at input position `end_position`,
-    /// committing when the interval or the uncommitted limit says so.
-    pub fn process(&mut self, line: &[u8], end_position: u64) -> Result<()> {
-        self.process_input(Input::Line(line), end_position)
+    /// Processes one input line (without its newline) that ends at input
+    /// position `end_position`: [`Task::process`] of an [`Input::Line`].
+    ///
+    /// ```
+    /// use txstore::{Isolation, TaskBuilder, WordCount};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).processor(WordCount).open()?;
+    /// task.process_line(b"to be or not to be", 19)?;
+    /// assert_eq!(task.get(b"be", Isolation::ReadUncommitted)?.as_deref(), Some(&b"2"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn process_line(&mut self, line: &[u8], end_position: u64) -> Result<(), Error> {
+        self.process(Input::Line(line), end_position)
     }
 
-    /// Processes one input record; the input is consumed up to
-    /// `end_position` (a file's byte, a Kafka partition's next offset).
-    /// Its output records, if the task has an output, go into the same
-    /// transaction as its writes.
-    pub fn process_input(&mut self, input: Input<'_>, end_position: u64) -> Result<()> {
-        let writes = self.processor.process(input, &mut self.instance)?;
+    /// Processes one input record with the task's processor; the input is
+    /// then consumed up to `end_position` (a file's byte offset, a Kafka
+    /// partition's next offset: whatever the caller resumes from, see
+    /// [`Task::input_position`]). The record's writes and output join the
+    /// open transaction, which commits when the commit policy says so.
+    ///
+    /// ```
+    /// use txstore::{Input, Isolation, Kv, TaskBuilder};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).processor(Kv).open()?;
+    /// task.process(Input::Keyed { key: Some(b"k"), value: Some(b"v") }, 1)?;
+    /// task.commit()?;
+    /// assert_eq!(task.get(b"k", Isolation::ReadCommitted)?.as_deref(), Some(&b"v"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn process(&mut self, input: Input<'_>, end_position: u64) -> Result<(), Error> {
+        let mut ctx = Context::new(&mut self.instance, self.output.is_some());
+        self.processor.process(input, &mut ctx)?;
+        let done = ctx.finish();
+        self.finish_record(done, end_position)
+    }
+
+    /// Processes one record with the closure `f` instead of the task's
+    /// processor: for a caller that drives its own loop and writes
+    /// directly. Same rules as [`Task::process`]: `f`'s writes and output
+    /// are applied when it returns `Ok`, not at all when it returns `Err`.
+    ///
+    /// ```
+    /// use txstore::{Isolation, TaskBuilder};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).manual_commits().open()?;
+    /// task.process_with(1, |ctx| {
+    ///     ctx.put(b"a", b"1");
+    ///     ctx.delete(b"b");
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(task.get(b"a", Isolation::ReadCommitted)?, None); // not committed yet
+    /// task.commit()?;
+    /// assert_eq!(task.get(b"a", Isolation::ReadCommitted)?.as_deref(), Some(&b"1"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn process_with(
+        &mut self,
+        end_position: u64,
+        f: impl FnOnce(&mut Context<'_>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut ctx = Context::new(&mut self.instance, self.output.is_some());
+        f(&mut ctx)?;
+        let done = ctx.finish();
+        self.finish_record(done, end_position)
+    }
+
+    /// Applies one record's writes and output, then ends it.
+    fn finish_record(
+        &mut self,
+        (writes, output): (Vec<Record>, Vec<Record>),
+        end_position: u64,
+    ) -> Result<(), Error> {
         self.write(&writes)?;
-        if !writes.is_empty() {
+        if !output.is_empty() {
             match &mut self.output {
-                Some(Output::Changelog) => self.changelog.emit(&writes)?,
-                Some(Output::File(f)) => f.emit(&writes)?,
+                Some(Output::Changelog) => self.changelog.emit(&output)?,
+                Some(Output::File(f)) => f.emit(&output)?,
                 None => {}
             }
         }
-        self.end_record(end_position)
+        Ok(self.end_record(end_position)?)
     }
 
     /// Commits if records are pending and the commit interval has passed:
-    /// called while the input is idle, so output is not held back.
-    pub fn commit_if_due(&mut self) -> Result<()> {
+    /// for a caller whose input is idle, so output is not held back.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path())
+    ///     .commit_every(1_000, Duration::ZERO)
+    ///     .open()?;
+    /// task.commit_if_due()?; // nothing pending: no commit
+    /// assert_eq!(task.stats().commits, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn commit_if_due(&mut self) -> Result<(), Error> {
         if self.pending_records > 0
             && self.last_commit.elapsed()
                 >= Duration::from_millis(self.config.task.commit_interval_ms)
         {
-            self.commit()?;
+            self.commit_inner()?;
         }
         Ok(())
     }
 
     /// Applies `writes` to the store and the changelog's open transaction.
+    #[doc(hidden)]
     pub fn write(&mut self, writes: &[Record]) -> Result<()> {
         self.write_with(writes, WriteCalls::Batched)
     }
 
     /// [`Task::write`] through the guest calls `calls` names (the
     /// conformance workload exercises both).
+    #[doc(hidden)]
     pub fn write_with(&mut self, writes: &[Record], calls: WriteCalls) -> Result<()> {
         if writes.is_empty() {
             return Ok(());
@@ -504,7 +696,7 @@ impl Task {
             Err(Refusal { error: e, .. }) if e.is_uncommitted_limit() => {
                 // The guest holds as much as it may: commit what came before
                 // this record (a record boundary), then it must accept.
-                self.commit()?;
+                self.commit_inner()?;
                 self.stats.early_commits += 1;
                 self.stats.limit_refusals += 1;
                 apply(&mut self.instance).map_err(|r| r.error).context(
@@ -526,17 +718,34 @@ impl Task {
         if self.pending_records >= t.commit_interval_records
             || self.last_commit.elapsed() >= Duration::from_millis(t.commit_interval_ms)
         {
-            return self.commit();
+            return self.commit_inner();
         }
         if self.instance.approximate_uncommitted_bytes()? > t.uncommitted_max_bytes {
             self.stats.early_commits += 1;
-            return self.commit();
+            return self.commit_inner();
         }
         Ok(())
     }
 
-    /// Runs the commit protocol for everything processed so far.
-    pub fn commit(&mut self) -> Result<()> {
+    /// Runs the commit protocol for everything processed so far: the
+    /// changelog transaction (with the input position and any output)
+    /// commits, then the store. Durable when it returns.
+    ///
+    /// ```
+    /// use txstore::{Isolation, TaskBuilder};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).manual_commits().open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// task.commit()?;
+    /// assert_eq!(task.stats().commits, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn commit(&mut self) -> Result<(), Error> {
+        Ok(self.commit_inner()?)
+    }
+
+    fn commit_inner(&mut self) -> Result<()> {
         if let Some(Output::File(f)) = &mut self.output {
             f.prepare(self.input_position)?;
         }
@@ -561,26 +770,56 @@ impl Task {
         Ok(())
     }
 
+    #[doc(hidden)]
     /// Cleans the changelog now (everything committed, down to each key's
     /// latest record); the store, recovered at open, is durably at the
     /// log's end. None if there was nothing to clean.
     pub fn compact(&mut self) -> Result<Option<CleanStats>> {
         if self.pending_records > 0 || self.pending_writes > 0 {
-            self.commit()?;
+            self.commit_inner()?;
         }
         let end = self.changelog.end_offset();
         self.changelog.clean_now(end)
     }
 
-    /// Commits what is pending and writes the checkpoint: a clean stop.
-    pub fn close(mut self) -> Result<TaskStats> {
+    /// Commits what is pending and writes the checkpoint: a clean stop
+    /// (the next open needs no recovery work). Dropping a task without
+    /// `close` is like a crash after its last commit: nothing committed
+    /// is lost.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// let stats = task.close()?;
+    /// assert_eq!((stats.records, stats.writes), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn close(mut self) -> Result<TaskStats, Error> {
         self.close_in_place()?;
         Ok(self.stats)
     }
 
+    /// The counters of this run so far.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// assert_eq!(task.stats().records, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> &TaskStats {
+        &self.stats
+    }
+
     fn close_in_place(&mut self) -> Result<()> {
         if self.pending_records > 0 || self.pending_writes > 0 {
-            self.commit()?;
+            self.commit_inner()?;
         }
         let end = self.changelog.end_offset();
         // A store that never committed has no offset to name: a checkpoint
@@ -613,15 +852,69 @@ impl Task {
         Ok((stats, _lock))
     }
 
-    /// The most linear memory the guest has held, in bytes.
+    /// The most linear memory the strategy guest has held, in bytes.
+    #[doc(hidden)]
     pub fn guest_peak_memory_bytes(&self) -> u64 {
         self.instance.peak_memory_bytes()
     }
 
-    /// Reads `key` at `isolation`.
-    pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>> {
+    /// Reads `key` at `isolation`: [`Isolation::ReadCommitted`] sees what
+    /// the last commit made durable, [`Isolation::ReadUncommitted`] also
+    /// the open transaction's writes (interactive queries).
+    ///
+    /// ```
+    /// use txstore::{Isolation, TaskBuilder};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).manual_commits().open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// assert_eq!(task.get(b"k", Isolation::ReadCommitted)?, None);
+    /// assert_eq!(task.get(b"k", Isolation::ReadUncommitted)?.as_deref(), Some(&b"v"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
         Ok(self.instance.get(key, isolation)?)
     }
+
+    /// Every entry with a key in [`start`, `end`) at `isolation`, in key
+    /// order (`None` bounds are open).
+    ///
+    /// ```
+    /// use txstore::{Isolation, TaskBuilder};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_line(b"a\t1", 4)?;
+    /// task.process_line(b"b\t2", 8)?;
+    /// task.commit()?;
+    /// let all = task.range(None, None, Isolation::ReadCommitted)?;
+    /// assert_eq!(all, vec![(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), b"2".to_vec())]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn range(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        isolation: Isolation,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+        Ok(self.instance.range_all(start, end, isolation)?)
+    }
+}
+
+/// The processor `config` names: a built-in, or a component loaded,
+/// instantiated under the task's limits and configured.
+fn processor_for(config: &Config, runtime: &Runtime) -> Result<Box<dyn Processor>> {
+    Ok(match &config.task.processor {
+        ProcessorSpec::Kv => Box::new(processor::Kv),
+        ProcessorSpec::WordCount => Box::new(processor::WordCount),
+        ProcessorSpec::Wasm(_) => {
+            let path = config
+                .processor_path()
+                .expect("a wasm processor has a path");
+            let component = runtime.load_processor(&path)?;
+            Box::new(component.instantiate(&config.limits, &config.processor_options())?)
+        }
+    })
 }
 
 /// Where a task's output records go.

@@ -560,10 +560,9 @@ fn work(
                             key: key.as_deref(),
                             value: value.as_deref(),
                         };
-                        task.process_input(input, offset as u64 + 1)
-                            .with_context(|| {
-                                format!("partition {partition} at input offset {offset}")
-                            })?;
+                        task.process(input, offset as u64 + 1).with_context(|| {
+                            format!("partition {partition} at input offset {offset}")
+                        })?;
                     }
                 }
                 Some(Command::Close { partition, reply }) => {

@@ -1,0 +1,286 @@
+//! Processors as wasm components (the `processor` world of wit/): user
+//! logic in its own sandbox (own `Store`, memory and time limits, the same
+//! WASI with nothing in it), whose `state` imports the host serves from the
+//! task's [`Context`], so every read and write goes through the strategy
+//! guest and the task's exactly-once loop like a built-in's.
+
+use super::host::sandbox_wasi;
+use super::limiter::GuestLimiter;
+use super::{Limits, LoadInfo, EPOCH_TICK};
+use crate::error::Error;
+use crate::runtime::CallError;
+use crate::task::{Context, Input, Processor};
+use anyhow::{Context as _, Result};
+use wasmtime::component::ResourceTable;
+use wasmtime::Store;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+pub(crate) mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "processor",
+        imports: { default: trappable },
+    });
+}
+
+use bindings::exports::txstore::store::record_processor as export;
+use bindings::txstore::store::types::{Entry, Error as WitError};
+
+/// A compiled, linked processor ready to instantiate.
+#[derive(Clone)]
+pub struct ProcessorComponent {
+    pub label: String,
+    pub(super) pre: bindings::ProcessorPre<ProcessorState>,
+    pub(super) engine: wasmtime::Engine,
+    pub load: LoadInfo,
+    /// The world's exports and imports, for `inspect`.
+    pub exports: Vec<String>,
+    pub imports: Vec<String>,
+}
+
+/// The task's context, lent to the processor's `Store` for the length of
+/// one `process` call.
+struct Lent(*mut Context<'static>);
+
+// SAFETY: the pointer is set and cleared by `WasmProcessor::process` on
+// the thread that runs the call, and only dereferenced inside that call
+// (the host functions run synchronously within it). Between calls it is
+// null, and the state is moved between threads only between calls.
+unsafe impl Send for Lent {}
+
+/// Everything a processor's wasmtime `Store` holds.
+pub struct ProcessorState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    stderr: MemoryOutputPipe,
+    limits: GuestLimiter,
+    ctx: Lent,
+    /// A store call that failed inside `process`: the processor is trapped
+    /// and the task sees this (the strategy guest's) error.
+    failed: Option<CallError>,
+}
+
+impl ProcessorState {
+    /// The context of the running `process` call.
+    fn ctx(&mut self) -> wasmtime::Result<&mut Context<'static>> {
+        if self.ctx.0.is_null() {
+            wasmtime::bail!("the processor used `state` outside `process` (in `init`?)");
+        }
+        // SAFETY: non-null only during `process`, which holds the context
+        // mutably borrowed and lends it to nobody else (see `Lent`).
+        Ok(unsafe { &mut *self.ctx.0 })
+    }
+
+    /// A store call's result: a failed call traps the processor, and the
+    /// task reports the strategy guest's error.
+    fn store<T>(&mut self, r: Result<T, Error>) -> wasmtime::Result<Result<T, WitError>> {
+        match r {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) => {
+                let message = e.to_string();
+                if let Error::Guest(chain) = e {
+                    if let Ok(call) = chain.downcast::<CallError>() {
+                        self.failed = Some(call);
+                    }
+                }
+                wasmtime::bail!("the store failed: {message}")
+            }
+        }
+    }
+}
+
+impl WasiView for ProcessorState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl bindings::txstore::store::types::Host for ProcessorState {}
+
+type R<T> = wasmtime::Result<Result<T, WitError>>;
+
+impl bindings::txstore::store::state::Host for ProcessorState {
+    fn get(&mut self, key: Vec<u8>) -> R<Option<Vec<u8>>> {
+        let r = self.ctx()?.get(&key);
+        self.store(r)
+    }
+
+    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> R<Vec<Option<Vec<u8>>>> {
+        let r = self.ctx()?.get_many(&keys);
+        self.store(r)
+    }
+
+    fn range(&mut self, start: Option<Vec<u8>>, end: Option<Vec<u8>>, limit: u32) -> R<Vec<Entry>> {
+        if let (Some(s), Some(e)) = (&start, &end) {
+            if s > e {
+                return Ok(Err(WitError::InvalidArgument(
+                    "range start is after its end".into(),
+                )));
+            }
+        }
+        let r = self.ctx()?.range(start.as_deref(), end.as_deref(), limit);
+        let page = self.store(r)?;
+        Ok(page.map(|p| {
+            p.into_iter()
+                .map(|(key, value)| Entry { key, value })
+                .collect()
+        }))
+    }
+
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> R<()> {
+        self.ctx()?.put(&key, &value);
+        Ok(Ok(()))
+    }
+
+    fn delete(&mut self, key: Vec<u8>) -> R<()> {
+        self.ctx()?.delete(&key);
+        Ok(Ok(()))
+    }
+}
+
+/// Adds the processor world's imports (WASI and `state`) to `linker`.
+pub(super) fn add_to_linker(
+    linker: &mut wasmtime::component::Linker<ProcessorState>,
+) -> Result<()> {
+    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    bindings::Processor::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)?;
+    Ok(())
+}
+
+impl ProcessorComponent {
+    /// A fresh instance under `limits`, configured with `options`.
+    pub fn instantiate(
+        &self,
+        limits: &Limits,
+        options: &[(String, String)],
+    ) -> Result<WasmProcessor> {
+        let (wasi, stderr) = sandbox_wasi();
+        let state = ProcessorState {
+            table: ResourceTable::new(),
+            wasi,
+            stderr,
+            limits: GuestLimiter::new(limits),
+            ctx: Lent(std::ptr::null_mut()),
+            failed: None,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(u64::MAX / 2);
+        store.epoch_deadline_trap();
+        let api = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("processor {} cannot be instantiated", self.label))?;
+        let mut p = WasmProcessor {
+            store,
+            api,
+            label: self.label.clone(),
+            limits: limits.clone(),
+            dead: false,
+        };
+        p.arm();
+        let r = p
+            .api
+            .txstore_store_record_processor()
+            .call_init(&mut p.store, options);
+        match r {
+            Ok(Ok(())) => Ok(p),
+            Ok(Err(why)) => Err(crate::error::marked(
+                crate::error::Kind::Config,
+                format!(
+                    "processor {} refused its options (task.processor_options): {why}",
+                    self.label
+                ),
+            )),
+            Err(e) => {
+                let why = p.explain(&e);
+                anyhow::bail!("processor {} failed in init: {why}", self.label)
+            }
+        }
+    }
+}
+
+/// A live processor instance: [`Processor`] for a task.
+pub struct WasmProcessor {
+    store: Store<ProcessorState>,
+    api: bindings::Processor,
+    label: String,
+    limits: Limits,
+    /// It trapped: its state is unknown, it takes no more calls.
+    dead: bool,
+}
+
+impl WasmProcessor {
+    /// Sets the time budget of the next call.
+    fn arm(&mut self) {
+        let ticks = self
+            .limits
+            .call_timeout_ms
+            .div_ceil(EPOCH_TICK.as_millis() as u64)
+            .max(1);
+        self.store.set_epoch_deadline(ticks);
+    }
+
+    fn explain(&self, e: &wasmtime::Error) -> String {
+        super::instance::explain(e, &self.limits, &self.store.data().stderr)
+    }
+
+    /// The most linear memory the processor has held, in bytes.
+    pub fn peak_memory_bytes(&self) -> u64 {
+        self.store.data().limits.peak_memory as u64
+    }
+}
+
+impl Processor for WasmProcessor {
+    fn process(&mut self, input: Input<'_>, ctx: &mut Context<'_>) -> Result<(), Error> {
+        if self.dead {
+            return Err(Error::processor(format!(
+                "processor {} trapped earlier and takes no more records",
+                self.label
+            )));
+        }
+        let record = export::Input {
+            key: input.key().map(<[u8]>::to_vec),
+            value: input.value().map(<[u8]>::to_vec),
+        };
+        self.arm();
+        // Lend the context for this call only (see `Lent`).
+        self.store.data_mut().ctx = Lent((ctx as *mut Context<'_>).cast::<Context<'static>>());
+        let result = self
+            .api
+            .txstore_store_record_processor()
+            .call_process(&mut self.store, &record);
+        self.store.data_mut().ctx = Lent(std::ptr::null_mut());
+        match result {
+            Ok(Ok(outputs)) => {
+                for o in outputs {
+                    ctx.emit(&o.key, o.value.as_deref());
+                }
+                Ok(())
+            }
+            Ok(Err(why)) => Err(Error::processor(format!(
+                "processor {} refused a record: {why}",
+                self.label
+            ))),
+            Err(e) => {
+                self.dead = true;
+                if let Some(call) = self.store.data_mut().failed.take() {
+                    return Err(Error::Guest(
+                        anyhow::Error::from(call)
+                            .context(format!("processor {}: a store call failed", self.label)),
+                    ));
+                }
+                Err(Error::processor(format!(
+                    "processor {} failed: {}",
+                    self.label,
+                    self.explain(&e)
+                )))
+            }
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Processors brought as wasm components (the `processor` world): the Rust
+//! example (guests/running-stats) and the Python one
+//! (examples/python-processor, in polyglot.rs) run under every strategy,
+//! crashed and power-cut at every named point of the protocol, and checked
+//! exactly against an independent computation of the store and the output
+//! file. Then the mistakes an operator makes with them.
+
+use crate::common::{ok, stderr, txstore, txstore_env, write_config};
+use crate::output::committed;
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Input lines and records per commit for the sweeps.
+const LINES: usize = 300;
+const INTERVAL: u64 = 40;
+
+/// Crash scenarios on `LINES` lines (see `crash::STEPS`); each ends with
+/// a run to the end.
+const SCENARIOS: &[&[&str]] = &[
+    &["after-write@150"],
+    &["before-changelog-sync@3"],
+    &["before-changelog-sync@3+power"],
+    &["after-changelog-commit@3"],
+    &["after-store-commit@3"],
+    &["after-checkpoint"],
+    &["after-changelog-commit@3", "during-restore"],
+    &["after-write@150+power"],
+    &["after-changelog-commit@3+power"],
+    &[
+        "after-write@60+power",
+        "after-changelog-commit@2+power",
+        "during-restore",
+    ],
+];
+
+/// The Rust example processor, written out once for this test run.
+pub fn rust_processor() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("running_stats.wasm");
+        let bytes =
+            txstore_artifacts::processor("running-stats").expect("built by artifacts/build.rs");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    })
+}
+
+/// `key<TAB>number` lines from a seeded generator, with some a processor
+/// must skip (no tab, empty key, not a number, out of i64 range).
+pub fn stats_input(dir: &Path, lines: usize, seed: u64) -> PathBuf {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut text = String::new();
+    for _ in 0..lines {
+        let r = next();
+        let key = format!("k{}", r % 13);
+        let n = (next() % 2001) as i64 - 1000;
+        match r % 40 {
+            0 => text.push_str("no tab here\n"),
+            1 => text.push_str(&format!("\t{n}\n")),
+            2 => text.push_str(&format!("{key}\t{n}x\n")),
+            3 => text.push_str(&format!("{key}\t99999999999999999999\n")),
+            4 => text.push_str(&format!("{key}\t{}\n", i64::MIN)),
+            _ => text.push_str(&format!("{key}\t{n}\n")),
+        }
+    }
+    let path = dir.join("input.txt");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The oracle, from the input alone: the store (`prefix` + key ->
+/// `count sum min max`) and the output file (each accepted record's new
+/// statistics, in input order).
+pub fn expected(input: &Path, prefix: &str) -> (BTreeMap<String, String>, String) {
+    let mut stats: BTreeMap<String, (u64, i128, i64, i64)> = BTreeMap::new();
+    let mut out = String::new();
+    for line in std::fs::read_to_string(input).unwrap().lines() {
+        let Some((key, n)) = line.split_once('\t') else {
+            continue;
+        };
+        let valid = !key.is_empty()
+            && !n.is_empty()
+            && n.strip_prefix('-')
+                .unwrap_or(n)
+                .bytes()
+                .all(|b| b.is_ascii_digit());
+        let Some(n) = valid.then(|| n.parse::<i64>().ok()).flatten() else {
+            continue;
+        };
+        let s = stats.entry(key.to_string()).or_insert((0, 0, n, n));
+        *s = (s.0 + 1, s.1 + n as i128, s.2.min(n), s.3.max(n));
+        out.push_str(&format!("{key}\t{} {} {} {}\n", s.0, s.1, s.2, s.3));
+    }
+    let store = stats
+        .into_iter()
+        .map(|(k, s)| {
+            (
+                format!("{prefix}{k}"),
+                format!("{} {} {} {}", s.0, s.1, s.2, s.3),
+            )
+        })
+        .collect();
+    (store, out)
+}
+
+/// What the store holds, through `txstore scan`.
+pub fn scan(config: &Path) -> BTreeMap<String, String> {
+    ok(&txstore(&["scan", "--config", config.to_str().unwrap()]))
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('\t').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn config(dir: &Path, guest: &str, processor: &Path) -> PathBuf {
+    let extra = format!(
+        "[task]\nprocessor = {:?}\nprocessor_options = {{ prefix = \"s/\" }}\ninput = \"input.txt\"\n\
+         output = {{ kind = \"file\", path = \"out.tsv\" }}\ncommit_interval_records = {INTERVAL}\n\
+         commit_interval_ms = 600000\n",
+        processor.display().to_string()
+    );
+    write_config(dir, guest, &extra)
+}
+
+fn run(config: &Path, point: Option<&str>) -> std::process::Output {
+    let mut env = vec![("TXSTORE_POWER_SIM", "1")];
+    if let Some(p) = point {
+        env.push(("TXSTORE_CRASH_AT", p));
+    }
+    txstore_env(&["run", "--config", config.to_str().unwrap()], &env)
+}
+
+/// Crashes `processor` under every strategy at every scenario's points;
+/// after each crash a reader of the output sees a prefix of the exact
+/// output, and after the run to the end the store and the output are
+/// exact. Returns the number of crashes.
+pub fn sweep(processor: &Path) -> usize {
+    let mut crashes = 0;
+    for guest in ["roll-forward", "roll-back", "buffered", "wipe-on-crash"] {
+        for (i, points) in SCENARIOS.iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let input = stats_input(dir.path(), LINES, i as u64 + 1);
+            let (want_store, want_out) = expected(&input, "s/");
+            let config = config(dir.path(), guest, processor);
+            let out = dir.path().join("out.tsv");
+            let context = format!(
+                "{} under {guest}, crashed at {points:?}",
+                processor.display()
+            );
+            for p in *points {
+                let o = run(&config, Some(p));
+                assert_eq!(
+                    o.status.signal(),
+                    Some(6),
+                    "{context}: no abort at {p}: {}",
+                    stderr(&o)
+                );
+                crashes += 1;
+                let seen = committed(&out);
+                assert!(
+                    want_out.starts_with(&seen),
+                    "{context}: after the crash at {p} the committed output is not a prefix of the exact one"
+                );
+            }
+            ok(&run(&config, None));
+            assert_eq!(scan(&config), want_store, "{context}: the store differs");
+            let seen = committed(&out);
+            assert!(
+                seen == want_out,
+                "{context}: the committed output differs: {}",
+                first_difference(&seen, &want_out)
+            );
+            let whole = std::fs::read_to_string(&out).unwrap();
+            assert!(
+                whole == want_out,
+                "{context}: the output file differs: {}",
+                first_difference(&whole, &want_out)
+            );
+        }
+    }
+    crashes
+}
+
+/// Where two outputs part, in one line.
+fn first_difference(got: &str, want: &str) -> String {
+    let (g, w): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
+    match (0..g.len().max(w.len())).find(|&i| g.get(i) != w.get(i)) {
+        Some(i) => format!(
+            "line {}: got {:?}, want {:?} ({} lines, want {})",
+            i + 1,
+            g.get(i),
+            w.get(i),
+            g.len(),
+            w.len()
+        ),
+        None => "identical lines".into(),
+    }
+}
+
+#[test]
+fn rust_processor_is_exact_after_every_crash_and_power_loss() {
+    let crashes = sweep(rust_processor());
+    eprintln!("running-stats: {crashes} crashes, exact after each");
+}
+
+/// A processor's options reach its `init`; one it does not know stops the
+/// run before anything is created, naming the option.
+#[test]
+fn processor_options_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    stats_input(dir.path(), 10, 1);
+    let path = write_config(
+        dir.path(),
+        "buffered",
+        &format!(
+            "[task]\nprocessor = {:?}\nprocessor_options = {{ prefx = \"s/\" }}\ninput = \"input.txt\"\n",
+            rust_processor().display().to_string()
+        ),
+    );
+    let o = txstore(&["run", "--config", path.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("unknown option `prefx`"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        !dir.path().join("state").exists(),
+        "a refused processor created the state directory"
+    );
+}
+
+/// Operator mistakes with `task.processor`: one error line each, saying
+/// what to do.
+#[test]
+fn a_wrong_processor_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    stats_input(dir.path(), 10, 1);
+    let strategy = dir.path().join("strategy.wasm");
+    std::fs::write(&strategy, txstore_artifacts::builtin("buffered").unwrap()).unwrap();
+    for (processor, says) in [
+        ("word_count", "unknown processor `word_count`"),
+        ("missing.wasm", "cannot read processor"),
+        (
+            "strategy.wasm",
+            "it is a store component: name it in store.guest",
+        ),
+    ] {
+        let path = write_config(
+            dir.path(),
+            "buffered",
+            &format!("[task]\nprocessor = {processor:?}\ninput = \"input.txt\"\n"),
+        );
+        let o = txstore(&["run", "--config", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert!(
+            !o.status.success() && err.contains(says),
+            "{processor}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{processor}: {err}");
+    }
+    // And the other way round: a processor named as the store's guest.
+    let path = write_config(
+        dir.path(),
+        rust_processor().to_str().unwrap(),
+        "[task]\ninput = \"input.txt\"\n",
+    );
+    let err = stderr(&txstore(&["run", "--config", path.to_str().unwrap()]));
+    assert!(
+        err.contains("it is a processor component: name it in task.processor"),
+        "{err}"
+    );
+    // Options for a built-in processor are a mistake, not ignored.
+    let path = write_config(
+        dir.path(),
+        "buffered",
+        "[task]\nprocessor = \"kv\"\nprocessor_options = { a = \"1\" }\ninput = \"input.txt\"\n",
+    );
+    let err = stderr(&txstore(&["run", "--config", path.to_str().unwrap()]));
+    assert!(
+        err.contains("task.processor_options are for a processor component"),
+        "{err}"
+    );
+}
