@@ -552,6 +552,7 @@ impl Config {
         self.resolve(&self.store.state_dir)
     }
 
+    #[doc(hidden)]
     /// The Kafka changelog's settings, with defaults filled in.
     pub fn kafka(&self) -> Result<crate::changelog::kafka::KafkaSettings> {
         let c = &self.changelog;
@@ -592,6 +593,7 @@ impl Config {
             .unwrap_or_else(|| format!("{}-changelog", self.store.name))
     }
 
+    #[doc(hidden)]
     /// Where the changelog is, for messages.
     pub fn changelog_name(&self) -> String {
         match self.changelog.kind {
@@ -604,6 +606,7 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     pub fn changelog_dir(&self) -> PathBuf {
         match &self.changelog.dir {
             Some(d) => self.resolve(d),
@@ -611,6 +614,7 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     /// The input file, when the input is one.
     pub fn input(&self) -> Option<PathBuf> {
         match &self.task.input {
@@ -619,6 +623,7 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     /// The output file, when the output is one.
     pub fn output_file(&self) -> Option<PathBuf> {
         match &self.task.output {
@@ -627,6 +632,7 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     /// The Kafka input, when the input is one.
     pub fn kafka_input(&self) -> Option<&KafkaInput> {
         match &self.task.input {
@@ -635,6 +641,7 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     /// The config of the task for input partition `partition` of a Kafka
     /// input: store `<name>-<partition>` in its own directory under the
     /// state directory, changelog partition `partition` of the (shared)
@@ -659,6 +666,7 @@ impl Config {
         c
     }
 
+    #[doc(hidden)]
     /// The guest: a built-in name, else a path relative to the config.
     pub fn guest(&self) -> GuestSource {
         match GuestSource::parse(&self.store.guest) {
@@ -667,6 +675,7 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     pub fn cache_dir(&self) -> Option<PathBuf> {
         self.runtime
             .cache_dir
@@ -675,6 +684,7 @@ impl Config {
             .or_else(default_cache_dir)
     }
 
+    #[doc(hidden)]
     /// Adds `init` options given as `key=value` on a command line.
     pub fn add_init_options(&mut self, options: &[(String, String)]) {
         for (k, v) in options {
@@ -684,16 +694,19 @@ impl Config {
         }
     }
 
+    #[doc(hidden)]
     /// The `init` options as strings.
     pub fn init_options(&self) -> Vec<(String, String)> {
         as_strings(&self.store.options)
     }
 
+    #[doc(hidden)]
     /// The wasm processor's `init` options as strings.
     pub fn processor_options(&self) -> Vec<(String, String)> {
         as_strings(&self.task.processor_options)
     }
 
+    #[doc(hidden)]
     /// The wasm processor's path, when the processor is one.
     pub fn processor_path(&self) -> Option<PathBuf> {
         match &self.task.processor {

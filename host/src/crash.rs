@@ -402,7 +402,7 @@ pub fn guest_write(phase: Phase) {
 }
 
 /// The `after-write` occurrences reached with writes of the open
-/// transaction in storage (see [`DIRTY_AFTER_WRITES`]).
+/// transaction in storage (see `DIRTY_AFTER_WRITES`).
 pub fn dirty_after_writes() -> Vec<u64> {
     DIRTY_AFTER_WRITES
         .lock()

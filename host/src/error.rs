@@ -9,8 +9,8 @@ use crate::runtime::CallError;
 
 /// Why an operation of the library failed.
 ///
-/// Every variant carries the full error chain; `Display` prints it on one
-/// line (`what failed: why: root cause`).
+/// Every variant carries the full error chain ([`Error::chain`]);
+/// `Display` prints it on one line (`what failed: why: root cause`).
 ///
 /// ```
 /// use txstore::{Error, TaskBuilder};
@@ -52,6 +52,13 @@ pub enum Error {
 
 impl Error {
     /// The error chain, whatever the variant.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let err = txstore::TaskBuilder::new(dir.path()).guest("nope").open().unwrap_err();
+    /// assert!(err.chain().chain().count() >= 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn chain(&self) -> &anyhow::Error {
         match self {
             Error::Config(e)
@@ -65,48 +72,65 @@ impl Error {
     }
 
     /// The guest call that failed, when a guest call is the cause.
+    ///
+    /// ```
+    /// let err = txstore::Error::processor("bad record");
+    /// assert!(err.call_error().is_none());
+    /// ```
     pub fn call_error(&self) -> Option<&CallError> {
-        let e = self.chain();
-        e.downcast_ref()
-            .or_else(|| e.chain().find_map(|c| c.downcast_ref()))
+        find(self.chain())
+    }
+
+    /// The I/O error at the root of this one, if any.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let err = txstore::Config::load(&dir.path().join("missing.toml")).unwrap_err();
+    /// assert!(matches!(err, txstore::Error::Config(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn io_error(&self) -> Option<&std::io::Error> {
+        find(self.chain())
     }
 
     /// Classifies an internal error by the typed causes in its chain: a
     /// guest call first (a trap means the task must be reopened, whatever
     /// else failed with it), then a tagged kind, then I/O.
     pub(crate) fn classify(e: anyhow::Error) -> Self {
-        // `downcast_ref` sees through context layers; `chain` through
-        // errors that keep their cause as `source`.
-        let find = |e: &anyhow::Error| -> (bool, Option<Kind>, bool) {
-            let call = e.downcast_ref::<CallError>().is_some()
-                || e.chain().any(|c| c.downcast_ref::<CallError>().is_some());
-            let kind = e
-                .downcast_ref::<Marked>()
-                .or_else(|| e.chain().find_map(|c| c.downcast_ref::<Marked>()))
-                .map(|m| m.kind);
-            let io = e.downcast_ref::<std::io::Error>().is_some()
-                || e.chain()
-                    .any(|c| c.downcast_ref::<std::io::Error>().is_some());
-            (call, kind, io)
-        };
         // An `Error` passed through `anyhow` keeps its variant.
-        let inner = e
-            .downcast_ref::<Error>()
-            .or_else(|| e.chain().find_map(|c| c.downcast_ref::<Error>()))
-            .map(Error::variant);
-        if let Some(v) = inner {
+        if let Some(v) = e
+            .chain()
+            .find_map(|c| c.downcast_ref::<Error>())
+            .map(Error::variant)
+        {
             return v(e);
         }
-        match find(&e) {
-            (true, _, _) => Error::Guest(e),
-            (_, Some(Kind::Config), _) => Error::Config(e),
-            (_, Some(Kind::InUse), _) => Error::InUse(e),
-            (_, Some(Kind::Fenced), _) => Error::Fenced(e),
-            (_, Some(Kind::Processor), _) => Error::Processor(e),
-            (_, None, true) => Error::Io(e),
-            (_, None, false) => Error::Other(e),
+        if find::<CallError>(&e).is_some() {
+            return Error::Guest(e);
+        }
+        match find::<Marked>(&e).map(|m| m.kind) {
+            Some(Kind::Config) => Error::Config(e),
+            Some(Kind::InUse) => Error::InUse(e),
+            Some(Kind::Fenced) => Error::Fenced(e),
+            Some(Kind::Processor) => Error::Processor(e),
+            None if find::<std::io::Error>(&e).is_some() => Error::Io(e),
+            None => Error::Other(e),
         }
     }
+}
+
+/// The first cause of type `T` in `e`: through context layers, causes
+/// kept as `source`, and [`Error`]s on the way (whose `source` is empty,
+/// since their message already holds the chain).
+pub(crate) fn find<T: std::error::Error + Send + Sync + 'static>(e: &anyhow::Error) -> Option<&T> {
+    e.downcast_ref::<T>().or_else(|| {
+        e.chain().find_map(|c| {
+            c.downcast_ref::<T>().or_else(|| {
+                c.downcast_ref::<Error>()
+                    .and_then(|inner| find::<T>(inner.chain()))
+            })
+        })
+    })
 }
 
 impl Error {
@@ -130,11 +154,9 @@ impl std::fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.chain().source()
-    }
-}
+/// No `source`: the message already holds the whole chain (one line, as
+/// an operator should see it); [`Error::chain`] has the causes.
+impl std::error::Error for Error {}
 
 impl From<anyhow::Error> for Error {
     fn from(e: anyhow::Error) -> Self {

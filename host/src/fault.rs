@@ -178,7 +178,7 @@ pub fn hit(class: Class) -> Option<Fault> {
     }
 }
 
-/// Calls counted so far, per class, in [`CLASSES`] order.
+/// Calls counted so far, per class, in `CLASSES` order.
 pub fn counts() -> Vec<(&'static str, u64)> {
     CLASSES
         .iter()

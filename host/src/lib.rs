@@ -94,9 +94,112 @@ pub mod storage;
 #[doc(hidden)]
 pub mod task;
 
+/// ```
+/// use txstore::Record;
+///
+/// let put = Record::Put(b"k".to_vec(), b"v".to_vec());
+/// assert_eq!(put.key(), b"k");
+/// assert_eq!(Record::Delete(b"k".to_vec()).key(), b"k");
+/// ```
 pub use changelog::Record;
-pub use config::{Config, Guarantee};
+/// ```
+/// let config = txstore::Config::new("roll-forward", "state".as_ref());
+/// assert_eq!(config.task.guarantee, txstore::Guarantee::ExactlyOnce);
+/// ```
+pub use config::Config;
+/// ```
+/// use txstore::Guarantee;
+///
+/// assert_eq!(Guarantee::default(), Guarantee::ExactlyOnce);
+/// assert_eq!(Guarantee::AtLeastOnce.to_string(), "at-least-once");
+/// ```
+pub use config::Guarantee;
 pub use error::Error;
-pub use runtime::{Isolation, Limits, Runtime};
-pub use task::processor::{Kv, WordCount};
-pub use task::{Context, Input, Processor, RecoveryReport, Task, TaskBuilder, TaskStats};
+/// ```
+/// use txstore::{Isolation, TaskBuilder};
+///
+/// let dir = tempfile::tempdir()?;
+/// let (mut task, _) = TaskBuilder::new(dir.path()).manual_commits().open()?;
+/// task.process_line(b"k\tv", 4)?;
+/// assert_eq!(task.get(b"k", Isolation::ReadCommitted)?, None);
+/// assert!(task.get(b"k", Isolation::ReadUncommitted)?.is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use runtime::Isolation;
+/// ```
+/// let limits = txstore::Limits { memory_mib: 128, call_timeout_ms: 5_000, ..Default::default() };
+/// assert_eq!(limits.max_tables, txstore::Limits::default().max_tables);
+/// ```
+pub use runtime::Limits;
+/// A wasmtime engine with the host's imports linked, and the cache of
+/// compiled guests.
+pub use runtime::Runtime;
+/// ```
+/// use txstore::{Isolation, Kv, TaskBuilder};
+///
+/// let dir = tempfile::tempdir()?;
+/// let (mut task, _) = TaskBuilder::new(dir.path()).processor(Kv).open()?;
+/// task.process_line(b"k\tv", 4)?; // puts k = v
+/// task.process_line(b"k", 6)?; // deletes k
+/// assert_eq!(task.get(b"k", Isolation::ReadUncommitted)?, None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use task::processor::Kv;
+/// ```
+/// use txstore::{Isolation, TaskBuilder, WordCount};
+///
+/// let dir = tempfile::tempdir()?;
+/// let (mut task, _) = TaskBuilder::new(dir.path()).processor(WordCount).open()?;
+/// task.process_line(b"Hello, hello world", 19)?;
+/// assert_eq!(task.get(b"hello", Isolation::ReadUncommitted)?.as_deref(), Some(&b"2"[..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use task::processor::WordCount;
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let (mut task, _) = txstore::TaskBuilder::new(dir.path()).open()?;
+/// task.process_line(b"a\t1", 4)?;
+/// task.close()?;
+/// let (_, report) = txstore::TaskBuilder::new(dir.path()).open()?;
+/// assert_eq!((report.action.as_str(), report.input_position), ("clean", 4));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use task::RecoveryReport;
+/// ```
+/// use txstore::{Isolation, TaskBuilder};
+///
+/// let dir = tempfile::tempdir()?;
+/// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+/// task.process_line(b"a\t1", 4)?;
+/// task.close()?; // commits, checkpoints
+/// let (mut task, report) = TaskBuilder::new(dir.path()).open()?;
+/// assert_eq!(task.get(b"a", Isolation::ReadCommitted)?.as_deref(), Some(&b"1"[..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use task::Task;
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let (mut task, _) = txstore::TaskBuilder::new(dir.path()).open()?;
+/// task.process_line(b"a\t1", 4)?;
+/// let stats: txstore::TaskStats = task.close()?;
+/// assert_eq!((stats.records, stats.commits), (1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use task::TaskStats;
+pub use task::{Context, Input, Processor, TaskBuilder};
+
+/// Arms the crash point that the environment names, for an application's
+/// own crash tests: with `TXSTORE_CRASH_AT=POINT` (for example
+/// `after-changelog-commit@3`, or `after-write@100+power` for a simulated
+/// power cut) the process aborts when a task reaches that point of the
+/// protocol; `TXSTORE_POWER_SIM=1` keeps the power-loss journal of the
+/// state directory in the runs that follow. Without these variables it
+/// does nothing. Call it once, first thing in `main`.
+///
+/// ```
+/// txstore::arm_crash_point_from_env()?;
+/// # Ok::<(), txstore::Error>(())
+/// ```
+pub fn arm_crash_point_from_env() -> Result<(), Error> {
+    crash::arm(None).map_err(|e| Error::Config(anyhow::anyhow!("{}: {e}", crash::ENV)))
+}

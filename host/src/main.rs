@@ -12,6 +12,7 @@ fn main() {
         // A reader that went away (`scan | head`) is not an error.
         let closed_pipe = e.chain().any(|c| {
             c.downcast_ref::<std::io::Error>()
+                .or_else(|| c.downcast_ref::<txstore::Error>()?.io_error())
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
         });
         if closed_pipe {

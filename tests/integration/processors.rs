@@ -125,7 +125,7 @@ pub fn scan(config: &Path) -> BTreeMap<String, String> {
 fn config(dir: &Path, guest: &str, processor: &Path) -> PathBuf {
     let extra = format!(
         "[task]\nprocessor = {:?}\nprocessor_options = {{ prefix = \"s/\" }}\ninput = \"input.txt\"\n\
-         output = {{ kind = \"file\", path = \"out.tsv\" }}\ncommit_interval_records = {INTERVAL}\n\
+         output = {{ kind = \"file\", path = \"state/out.tsv\" }}\ncommit_interval_records = {INTERVAL}\n\
          commit_interval_ms = 600000\n",
         processor.display().to_string()
     );
@@ -152,7 +152,8 @@ pub fn sweep(processor: &Path) -> usize {
             let input = stats_input(dir.path(), LINES, i as u64 + 1);
             let (want_store, want_out) = expected(&input, "s/");
             let config = config(dir.path(), guest, processor);
-            let out = dir.path().join("out.tsv");
+            // In the state directory, where the power simulation covers it.
+            let out = dir.path().join("state/out.tsv");
             let context = format!(
                 "{} under {guest}, crashed at {points:?}",
                 processor.display()

@@ -368,7 +368,7 @@ fn recovery_crash_point(keys: u64, txn: u64) -> String {
 }
 
 /// The child side of a recovery measurement, started with
-/// [`recovery_crash_point`] armed: loads `keys` keys through the task, then
+/// `recovery_crash_point` armed: loads `keys` keys through the task, then
 /// one more full transaction that never commits.
 pub fn recovery_child(
     runtime: &Runtime,

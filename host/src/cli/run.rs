@@ -159,10 +159,7 @@ fn open(config: &Config, runtime: &Runtime, quiet: bool) -> Result<(Task, Recove
 
 /// A trap, timeout or limit breach: the instance is dead, the store is not.
 fn is_guest_failure(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<CallError>()
-            .is_some_and(CallError::is_trap)
-    })
+    crate::error::find::<CallError>(e).is_some_and(CallError::is_trap)
 }
 
 /// Live queries are answered every this many records (between records:

@@ -130,6 +130,15 @@ impl Runtime {
     /// An engine configured for the lowest per-call cost that keeps the
     /// sandbox: epoch interruption (cheap) rather than fuel, no async
     /// component support (it costs about 3x per call).
+    ///
+    /// One runtime serves every task of a process (tasks on several
+    /// threads share it). `cache_dir` keeps compiled guests between runs
+    /// (`None`: compile at every start).
+    ///
+    /// ```
+    /// let runtime = txstore::Runtime::new(None)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true);
@@ -165,10 +174,12 @@ impl Runtime {
         })
     }
 
+    #[doc(hidden)]
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
 
+    #[doc(hidden)]
     /// Loads a guest by source.
     pub fn load(&self, source: &GuestSource) -> Result<GuestComponent> {
         match source {
@@ -196,6 +207,7 @@ impl Runtime {
         }
     }
 
+    #[doc(hidden)]
     /// Compiles (or fetches from the cache), checks the world and links.
     pub fn load_bytes(&self, label: &str, bytes: &[u8]) -> Result<GuestComponent> {
         let started = Instant::now();
@@ -225,6 +237,7 @@ impl Runtime {
         })
     }
 
+    #[doc(hidden)]
     /// Loads a processor component (the `processor` world) from `path`.
     pub fn load_processor(&self, path: &Path) -> Result<ProcessorComponent> {
         let started = Instant::now();

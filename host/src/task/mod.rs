@@ -80,6 +80,7 @@ pub struct TaskStats {
 }
 
 impl TaskStats {
+    #[doc(hidden)]
     /// Adds another run's counters (a run restarted after a guest failure).
     pub fn add(&mut self, other: &TaskStats) {
         self.records += other.records;

@@ -161,6 +161,19 @@ impl<'a> Context<'a> {
     }
 
     /// The value of `key`, or `None`.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_line(b"k\tv", 4)?;
+    /// task.process_with(5, |ctx| {
+    ///     assert_eq!(ctx.get(b"k")?.as_deref(), Some(&b"v"[..]));
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         if let Some(own) = self.own(key) {
             return Ok(own.map(<[u8]>::to_vec));
@@ -170,6 +183,20 @@ impl<'a> Context<'a> {
 
     /// The values of `keys`, in the order asked (one guest call for the
     /// keys this record has not written).
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_with(1, |ctx| {
+    ///     ctx.put(b"a", b"1");
+    ///     let got = ctx.get_many(&[b"a".to_vec(), b"b".to_vec()])?;
+    ///     assert_eq!(got, vec![Some(b"1".to_vec()), None]);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn get_many(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, Error> {
         let ask: Vec<Vec<u8>> = keys
             .iter()
@@ -192,6 +219,23 @@ impl<'a> Context<'a> {
     /// Up to `limit` (at most [`MAX_RANGE_PAGE`]) entries with keys in
     /// [`start`, `end`), in key order; fewer than `limit` means the range
     /// holds no more. Page on with `start` = last key + `0x00`.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_line(b"a\t1", 4)?;
+    /// task.process_line(b"b\t2", 8)?;
+    /// task.process_with(9, |ctx| {
+    ///     ctx.delete(b"a");
+    ///     ctx.put(b"c", b"3");
+    ///     let page = ctx.range(None, None, 10)?;
+    ///     assert_eq!(page, vec![(b"b".to_vec(), b"2".to_vec()), (b"c".to_vec(), b"3".to_vec())]);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn range(
         &mut self,
         start: Option<&[u8]>,
@@ -249,12 +293,30 @@ impl<'a> Context<'a> {
     }
 
     /// Sets `key` to `value`.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_with(1, |ctx| Ok(ctx.put(b"k", b"v")))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
         self.latest.insert(key.to_vec(), self.writes.len());
         self.writes.push(Record::Put(key.to_vec(), value.to_vec()));
     }
 
     /// Removes `key` (removing an absent key is not an error).
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_with(1, |ctx| Ok(ctx.delete(b"never-written")))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn delete(&mut self, key: &[u8]) {
         self.latest.insert(key.to_vec(), self.writes.len());
         self.writes.push(Record::Delete(key.to_vec()));
@@ -262,6 +324,19 @@ impl<'a> Context<'a> {
 
     /// Outputs a record: `value` under `key`, or a tombstone for `None`.
     /// Dropped when the task has no output.
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_with(1, |ctx| {
+    ///     assert!(!ctx.has_output()); // no output configured: emit drops it
+    ///     ctx.emit(b"k", Some(b"v"));
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn emit(&mut self, key: &[u8], value: Option<&[u8]>) {
         if let Some(out) = &mut self.output {
             out.push(match value {
@@ -273,6 +348,15 @@ impl<'a> Context<'a> {
 
     /// True when output records go somewhere (else [`Context::emit`]
     /// drops them, and a processor may skip building them).
+    ///
+    /// ```
+    /// use txstore::TaskBuilder;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path()).open()?;
+    /// task.process_with(1, |ctx| Ok(assert!(!ctx.has_output())))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn has_output(&self) -> bool {
         self.output.is_some()
     }
