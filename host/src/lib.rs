@@ -203,3 +203,43 @@ pub use task::{Context, Input, Processor, TaskBuilder};
 pub fn arm_crash_point_from_env() -> Result<(), Error> {
     crash::arm(None).map_err(|e| Error::Config(anyhow::anyhow!("{}: {e}", crash::ENV)))
 }
+
+/// Lets txstore drive a Kafka input (`task.input = { kind = "kafka", ... }`
+/// in `config`, with a Kafka changelog): one task per assigned partition,
+/// each with its own store, guest instance and processor (`processors`
+/// makes one per partition; `None`: the processor the config names),
+/// until `stop` is set (every open task then commits and closes) or a
+/// task fails. The consumer group moves partitions between processes; a
+/// moved partition's state follows it through its changelog.
+///
+/// ```no_run
+/// use std::sync::atomic::AtomicBool;
+/// use txstore::{Config, Processor, Runtime, WordCount};
+///
+/// let config = Config::load("pipeline.toml".as_ref())?;
+/// let runtime = Runtime::new(None)?;
+/// static STOP: AtomicBool = AtomicBool::new(false); // set from a signal handler
+/// let make = |_partition: i32| Box::new(WordCount) as Box<dyn Processor>;
+/// let summary = txstore::run_kafka_input(&config, &runtime, &STOP, Some(&make))?;
+/// println!("{} records", summary.stats.records);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn run_kafka_input(
+    config: &Config,
+    runtime: &Runtime,
+    stop: &std::sync::atomic::AtomicBool,
+    processors: Option<&(dyn Fn(i32) -> Box<dyn Processor> + Sync)>,
+) -> Result<KafkaSummary, Error> {
+    Ok(task::partitions::run(config, runtime, stop, processors)?)
+}
+
+/// What [`run_kafka_input`] did: every partition opened (with its
+/// recovery), closed and lost, and the tasks' counters.
+///
+/// ```no_run
+/// # let summary: txstore::KafkaSummary = unimplemented!();
+/// for (partition, report) in &summary.opened {
+///     println!("partition {partition}: {} to {:?}", report.action, report.recovered_offset);
+/// }
+/// ```
+pub use task::partitions::Summary as KafkaSummary;

@@ -9,6 +9,7 @@
 //! input position.
 
 pub mod builder;
+pub mod feed;
 pub mod manifest;
 pub mod migrate;
 pub mod output;
@@ -552,6 +553,30 @@ impl Task {
     /// ```
     pub fn committed_input_position(&self) -> u64 {
         self.changelog.last_commit().map_or(0, |c| c.input_position)
+    }
+
+    /// Lets txstore drive the loop over an input file: processes it from
+    /// where the last run committed to its end, one record per
+    /// newline-terminated line (a last line without a newline waits for
+    /// the next run), committing on the task's policy. The first run
+    /// records a checksum of what it consumed, so a rerun on another file
+    /// is refused rather than resumed mid-way. Call [`Task::close`] after.
+    ///
+    /// ```
+    /// use txstore::{Isolation, TaskBuilder, WordCount};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let input = dir.path().join("in.txt");
+    /// std::fs::write(&input, "one two\ntwo\n")?;
+    /// let (mut task, _) = TaskBuilder::new(dir.path().join("s")).processor(WordCount).open()?;
+    /// task.run_file(&input)?;
+    /// assert_eq!(task.input_position(), 12);
+    /// assert_eq!(task.get(b"two", Isolation::ReadUncommitted)?.as_deref(), Some(&b"2"[..]));
+    /// task.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_file(&mut self, input: &Path) -> Result<(), Error> {
+        Ok(feed::feed(self, input, None, false)?)
     }
 
     /// Processes one input line (without its newline) that ends at input

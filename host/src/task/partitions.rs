@@ -254,9 +254,18 @@ impl ConsumerContext for Rebalancer {
     }
 }
 
+/// Makes the processor of a partition's task (one per task; `None`: the
+/// one the config names).
+pub type ProcessorFactory<'a> = Option<&'a (dyn Fn(i32) -> Box<dyn super::Processor> + Sync)>;
+
 /// Runs the tasks of `config`'s Kafka input until `stop` is set (then
 /// every open task commits and closes) or a task fails.
-pub fn run(config: &Config, runtime: &Runtime, stop: &AtomicBool) -> Result<Summary> {
+pub fn run(
+    config: &Config,
+    runtime: &Runtime,
+    stop: &AtomicBool,
+    processors: ProcessorFactory<'_>,
+) -> Result<Summary> {
     let input = config
         .kafka_input()
         .context("task.input is not a Kafka topic")?;
@@ -306,7 +315,7 @@ pub fn run(config: &Config, runtime: &Runtime, stop: &AtomicBool) -> Result<Summ
             std::thread::Builder::new()
                 .name(format!("txstore-worker-{i}"))
                 .spawn_scoped(scope, move || {
-                    if let Err(e) = work(rx, config, runtime, partitions, &shared) {
+                    if let Err(e) = work(rx, config, runtime, partitions, &shared, processors) {
                         shared.fail(e);
                     }
                 })
@@ -517,6 +526,7 @@ fn work(
     runtime: &Runtime,
     partitions: i32,
     shared: &Shared,
+    processors: ProcessorFactory<'_>,
 ) -> Result<()> {
     let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
     let mut last_sweep = Instant::now();
@@ -535,11 +545,12 @@ fn work(
                         old.close()
                             .with_context(|| format!("closing partition {partition}"))?;
                     }
-                    let answer = open(config, runtime, partition, partitions, shared).map(|task| {
-                        let position = task.input_position();
-                        tasks.insert(partition, task);
-                        position
-                    });
+                    let answer = open(config, runtime, partition, partitions, shared, processors)
+                        .map(|task| {
+                            let position = task.input_position();
+                            tasks.insert(partition, task);
+                            position
+                        });
                     let _ = reply.send(answer);
                 }
                 Some(Command::Record {
@@ -629,10 +640,12 @@ fn open(
     partition: i32,
     partitions: i32,
     shared: &Shared,
+    processors: ProcessorFactory<'_>,
 ) -> Result<Task> {
     let config = config.for_partition(partition, partitions);
-    let (task, report) =
-        Task::open(&config, runtime).with_context(|| format!("opening partition {partition}"))?;
+    let processor = processors.map(|make| make(partition));
+    let (task, report) = Task::open_with(&config, runtime, processor)
+        .with_context(|| format!("opening partition {partition}"))?;
     crate::crash::step("after-recovery");
     tracing::info!(partition, ?report, "partition opened");
     shared

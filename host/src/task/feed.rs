@@ -1,0 +1,116 @@
+//! Feeding a task from an input file: one record per newline-terminated
+//! line, from the position the changelog says the last run committed, after
+//! checking that the input is the one the store consumed.
+
+use super::serve::QueryServer;
+use super::Task;
+use anyhow::{Context as _, Result};
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+/// Live queries are answered every this many records (between records:
+/// one accept call, well under a record's cost).
+const QUERY_POLL_RECORDS: u64 = 64;
+
+/// Processes the input from the task's committed position to its end: one
+/// record per newline-terminated line (a last line without a newline is
+/// left for a later run, when it is complete).
+pub(crate) fn feed(
+    task: &mut Task,
+    input: &Path,
+    server: Option<&QueryServer>,
+    progress: bool,
+) -> Result<()> {
+    let file = std::fs::File::open(input)
+        .with_context(|| format!("cannot open input {}", input.display()))?;
+    let total = file.metadata()?.len();
+    let mut position = task.input_position();
+    if position > total {
+        anyhow::bail!(
+            "input {} has {total} bytes but the changelog says {position} were already processed: wrong input file?",
+            input.display()
+        );
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    // The input consumed so far must be the one the store consumed: a
+    // different file of sufficient length would otherwise resume mid-way.
+    let mut check = 0u32;
+    let mut left = position;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = reader.read(&mut buf[..left.min(1 << 20) as usize])?;
+        anyhow::ensure!(n > 0, "input {} shrank while it was read", input.display());
+        check = crc32c::crc32c_append(check, &buf[..n]);
+        left -= n as u64;
+    }
+    if let Some(committed) = task.committed_input_check() {
+        if committed != check {
+            anyhow::bail!(
+                "input {} is not the input this store consumed: its first {position} bytes differ from what was \
+                 committed (crc32c {check:08x}, committed {committed:08x}); give the same file (it may have grown), \
+                 or use a new state_dir for new input",
+                input.display()
+            );
+        }
+    }
+    let bar = if progress {
+        indicatif::ProgressBar::new(total).with_position(position)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap(),
+    );
+    let mut line = Vec::new();
+    let (mut warned_crlf, mut warned_utf8) = (false, false);
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            break;
+        }
+        let Some(record) = line.strip_suffix(b"\n") else {
+            // A record ends only at a newline: a last line without one may
+            // still be being written, and taking it now would split it.
+            eprintln!(
+                "note: input {} ends with a line of {n} bytes without a newline (byte {position}): held until it \
+                 is complete",
+                input.display()
+            );
+            break;
+        };
+        position += n as u64;
+        check = crc32c::crc32c_append(check, &line);
+        task.set_next_input_check(check);
+        if !warned_crlf && record.ends_with(b"\r") {
+            warned_crlf = true;
+            tracing::warn!(
+                "input {} has CRLF line ends (first at byte {}): the \\r stays part of each record",
+                input.display(),
+                position - 1
+            );
+        }
+        if !warned_utf8 && std::str::from_utf8(record).is_err() {
+            warned_utf8 = true;
+            tracing::warn!(
+                "input {} is not valid UTF-8 (first in the line ending at byte {position}): records are taken as bytes",
+                input.display()
+            );
+        }
+        task.process_line(record, position)?;
+        task.stats.input_bytes += n as u64;
+        if task.stats.records % QUERY_POLL_RECORDS == 0 {
+            if let Some(server) = server {
+                server.poll(task)?;
+            }
+        }
+        if task.stats.records % 4096 == 0 {
+            bar.set_position(position);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
