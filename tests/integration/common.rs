@@ -82,10 +82,18 @@ pub fn write_config(dir: &Path, guest: &str, extra: &str) -> PathBuf {
 /// Builds the planted guest with `feature` (none: the correct control)
 /// for wasm32-wasip2, outside the host's build, as a guest author would.
 pub fn planted(feature: Option<&str>) -> PathBuf {
+    build_component("planted", feature)
+}
+
+/// Builds the component crate `tests/{name}` (with `feature`) for
+/// wasm32-wasip2, outside the host's build; one build at a time.
+pub fn build_component(name: &str, feature: Option<&str>) -> PathBuf {
     static LOCK: Mutex<()> = Mutex::new(());
     let _one_build_at_a_time = LOCK.lock().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/planted");
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("planted");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests")
+        .join(name);
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
     cmd.args([
         "build",
@@ -105,11 +113,14 @@ pub fn planted(feature: Option<&str>) -> PathBuf {
     let out = cmd.output().expect("run cargo");
     assert!(
         out.status.success(),
-        "building planted guest {feature:?}: {}",
+        "building {name} {feature:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let built = target.join("wasm32-wasip2/release/planted.wasm");
-    let named = target.join(format!("planted-{}.wasm", feature.unwrap_or("correct")));
+    let built = target.join(format!(
+        "wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ));
+    let named = target.join(format!("{name}-{}.wasm", feature.unwrap_or("correct")));
     std::fs::copy(built, &named).unwrap();
     named
 }

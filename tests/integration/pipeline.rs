@@ -160,8 +160,19 @@ pub fn workload(
     };
     for p in 0..PARTITIONS {
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        let mut stats: BTreeMap<String, (u64, i128, i64, i64)> = BTreeMap::new();
         for i in 0..per_partition {
-            if processor == "word-count" {
+            if processor.ends_with(".wasm") {
+                // The running-stats processor component: a number per
+                // keyed record, each partition's statistics its own.
+                let key = format!("k{}", next() % 30);
+                let n = (next() % 2001) as i64 - 1000;
+                let s = stats.entry(key.clone()).or_insert((0, 0, n, n));
+                *s = (s.0 + 1, s.1 + n as i128, s.2.min(n), s.3.max(n));
+                let text = format!("{} {} {} {}", s.0, s.1, s.2, s.3);
+                expected.push((key.clone().into_bytes(), Some(text.into_bytes())));
+                input.push((p, key.into_bytes(), Some(n.to_string().into_bytes())));
+            } else if processor == "word-count" {
                 let words: Vec<String> = (0..1 + next() % 5)
                     .map(|_| format!("w{}", next() % 40))
                     .collect();
@@ -524,6 +535,16 @@ fn word_count_output_is_exact_after_a_kill_with_every_guest() {
     for guest in ["roll-forward", "roll-back", "buffered", "wipe-on-crash"] {
         kill_one_mid_run(guest, "word-count");
     }
+}
+
+/// A processor component (the Rust example) in the same pipeline: one
+/// instance per partition task, killed and moved like the built-ins.
+#[test]
+fn a_wasm_processor_output_is_exact_after_a_kill() {
+    kill_one_mid_run(
+        "buffered",
+        crate::processors::rust_processor().to_str().unwrap(),
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! exactly against an independent computation of the store and the output
 //! file. Then the mistakes an operator makes with them.
 
-use crate::common::{ok, stderr, txstore, txstore_env, write_config};
+use crate::common::{build_component, ok, stderr, txstore, txstore_env, write_config};
 use crate::output::committed;
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -290,4 +290,74 @@ fn a_wrong_processor_is_refused_in_one_line() {
         err.contains("task.processor_options are for a processor component"),
         "{err}"
     );
+}
+
+/// A processor is untrusted code: one that spins, hoards memory or traps
+/// is stopped by the task's limits with one line that says which limit,
+/// nothing of its record is applied, and what committed before it stays.
+#[test]
+fn a_misbehaving_processor_is_stopped_by_the_sandbox() {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let wasm = BUILT.get_or_init(|| build_component("hostile-processor", None));
+    for (bad, says) in [
+        ("spin", "exceeded its time limit of 300 ms"),
+        ("grow", "exceeded its memory limit of 32 MiB"),
+        ("trap", "planted trap on key k3"),
+        ("refuse", "refused a record: refused key k3"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = format!("k1\tv1\nk2\tv2\nk3\t{bad}\nk4\tv4\n");
+        std::fs::write(dir.path().join("input.txt"), lines).unwrap();
+        let config = write_config(
+            dir.path(),
+            "roll-forward",
+            &format!(
+                "[task]\nprocessor = {:?}\ninput = \"input.txt\"\ncommit_interval_records = 2\n\
+                 commit_interval_ms = 600000\n[limits]\nmemory_mib = 32\ncall_timeout_ms = 300\n",
+                wasm.display().to_string()
+            ),
+        );
+        let c = config.to_str().unwrap();
+        let started = std::time::Instant::now();
+        let o = txstore(&["run", "--config", c]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{bad}: the run succeeded");
+        assert!(err.contains(says), "{bad}: {err}");
+        assert!(
+            err.lines().last().is_some_and(|l| l.starts_with("error: ")),
+            "{bad}: {err}"
+        );
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "{bad}: took {:?}",
+            started.elapsed()
+        );
+        // The first commit (k1, k2) stands; k3 and after were never applied.
+        let store = scan(&config);
+        let want: BTreeMap<String, String> = [("k1", "v1"), ("k2", "v2")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        assert_eq!(store, want, "{bad}");
+    }
+}
+
+/// `state` belongs to `process`: a processor that calls it from `init`
+/// gets a trap with a message, not the host's memory.
+#[test]
+fn state_outside_process_is_refused() {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let wasm = BUILT.get_or_init(|| build_component("hostile-processor", None));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("input.txt"), "k\tv\n").unwrap();
+    let config = write_config(
+        dir.path(),
+        "buffered",
+        &format!(
+            "[task]\nprocessor = {:?}\nprocessor_options = {{ state-in-init = \"1\" }}\ninput = \"input.txt\"\n",
+            wasm.display().to_string()
+        ),
+    );
+    let err = stderr(&txstore(&["run", "--config", config.to_str().unwrap()]));
+    assert!(err.contains("failed in init"), "{err}");
+    assert!(err.contains("outside `process`"), "{err}");
 }

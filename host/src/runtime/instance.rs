@@ -350,9 +350,11 @@ pub(super) fn explain(
             Some(said) => format!("guest trapped ({trap}): {said}"),
             None => format!("guest trapped: {trap}"),
         },
+        // A host function's error: its own message, not the wasm
+        // backtrace wasmtime wraps it in.
         None => format!(
             "guest failed: {}",
-            e.to_string().lines().next().unwrap_or("")
+            e.root_cause().to_string().lines().next().unwrap_or("")
         ),
     }
 }
