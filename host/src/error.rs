@@ -203,3 +203,47 @@ pub(crate) fn marked(kind: Kind, message: impl Into<String>) -> anyhow::Error {
     }
     .into()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variant follows the typed cause, through context layers and
+    /// through an `Error` that went into `anyhow` and came back.
+    #[test]
+    fn variants_follow_the_typed_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_held, _) = crate::TaskBuilder::new(dir.path()).open().unwrap();
+        let err = crate::TaskBuilder::new(dir.path()).open().unwrap_err();
+        assert!(matches!(err, Error::InUse(_)), "{err}");
+        let back = Error::from(anyhow::Error::from(err).context("outer"));
+        assert!(matches!(back, Error::InUse(_)), "{back}");
+        assert!(back.to_string().starts_with("outer: "), "{back}");
+        assert!(
+            back.to_string()
+                .contains("is in use by another txstore process"),
+            "{back}"
+        );
+
+        let trap = CallError::Trap {
+            guest: "g".into(),
+            func: "commit",
+            reason: "guest trapped".into(),
+        };
+        let guest = Error::from(anyhow::Error::from(trap).context("committing"));
+        assert!(
+            matches!(guest, Error::Guest(_)) && guest.call_error().is_some_and(CallError::is_trap)
+        );
+
+        let io =
+            Error::from(anyhow::Error::from(std::io::Error::other("disk gone")).context("writing"));
+        assert!(
+            matches!(io, Error::Io(_)) && io.io_error().is_some(),
+            "{io}"
+        );
+        assert!(matches!(
+            Error::from(anyhow::anyhow!("refused")),
+            Error::Other(_)
+        ));
+    }
+}

@@ -133,8 +133,10 @@ pub struct Context<'a> {
     store: &'a mut StoreInstance,
     /// This record's writes, in order.
     writes: Vec<Record>,
-    /// Each written key's latest write: its index in `writes`.
-    latest: BTreeMap<Vec<u8>, usize>,
+    /// Each written key's latest write, as its index in `writes`: built at
+    /// the first read after a write, so a processor that only writes (or
+    /// reads before it writes) never pays for it.
+    latest: Option<BTreeMap<Vec<u8>, usize>>,
     /// Output records, when the task has an output.
     output: Option<Vec<Record>>,
 }
@@ -147,17 +149,32 @@ impl<'a> Context<'a> {
         Self {
             store,
             writes: Vec::new(),
-            latest: BTreeMap::new(),
+            latest: None,
             output: with_output.then(Vec::new),
         }
     }
 
-    /// This record's own latest write of `key`: `Some(None)` for a delete.
+    /// Builds `latest` if a read now needs it.
+    fn index(&mut self) {
+        if self.latest.is_none() && !self.writes.is_empty() {
+            let mut latest = BTreeMap::new();
+            for (i, w) in self.writes.iter().enumerate() {
+                latest.insert(w.key().to_vec(), i);
+            }
+            self.latest = Some(latest);
+        }
+    }
+
+    /// This record's own latest write of `key`: `Some(None)` for a delete
+    /// (after [`Context::index`]).
     fn own(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.latest.get(key).map(|&i| match &self.writes[i] {
-            Record::Put(_, v) => Some(v.as_slice()),
-            Record::Delete(_) => None,
-        })
+        self.latest
+            .as_ref()?
+            .get(key)
+            .map(|&i| match &self.writes[i] {
+                Record::Put(_, v) => Some(v.as_slice()),
+                Record::Delete(_) => None,
+            })
     }
 
     /// The value of `key`, or `None`.
@@ -175,6 +192,7 @@ impl<'a> Context<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.index();
         if let Some(own) = self.own(key) {
             return Ok(own.map(<[u8]>::to_vec));
         }
@@ -198,6 +216,7 @@ impl<'a> Context<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get_many(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        self.index();
         let ask: Vec<Vec<u8>> = keys
             .iter()
             .filter(|k| self.own(k).is_none())
@@ -242,6 +261,7 @@ impl<'a> Context<'a> {
         end: Option<&[u8]>,
         limit: u32,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+        self.index();
         let limit = limit.min(MAX_RANGE_PAGE) as usize;
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut next = start.map(<[u8]>::to_vec);
@@ -265,7 +285,11 @@ impl<'a> Context<'a> {
                 Some(k) => std::ops::Bound::Included(k.clone()),
                 None => std::ops::Bound::Unbounded,
             };
-            for (k, &i) in self.latest.range((lower, std::ops::Bound::Unbounded)) {
+            let own = self
+                .latest
+                .iter()
+                .flat_map(|l| l.range((lower.clone(), std::ops::Bound::Unbounded)));
+            for (k, &i) in own {
                 let inside = match (&window_end, end) {
                     (Some(last), _) => k <= last,
                     (None, Some(end)) => k.as_slice() < end,
@@ -303,7 +327,9 @@ impl<'a> Context<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        self.latest.insert(key.to_vec(), self.writes.len());
+        if let Some(latest) = &mut self.latest {
+            latest.insert(key.to_vec(), self.writes.len());
+        }
         self.writes.push(Record::Put(key.to_vec(), value.to_vec()));
     }
 
@@ -318,7 +344,9 @@ impl<'a> Context<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn delete(&mut self, key: &[u8]) {
-        self.latest.insert(key.to_vec(), self.writes.len());
+        if let Some(latest) = &mut self.latest {
+            latest.insert(key.to_vec(), self.writes.len());
+        }
         self.writes.push(Record::Delete(key.to_vec()));
     }
 
@@ -488,8 +516,13 @@ mod tests {
         assert_eq!(ctx.range(Some(b"b"), Some(b"d"), 100).unwrap(), all[1..2]);
         assert_eq!(ctx.range(None, None, 2).unwrap(), all[..2]);
         assert_eq!(ctx.range(Some(b"b\0"), None, 2).unwrap(), all[2..]);
+        // A write after the reads is seen by the next read too.
+        ctx.delete(b"a");
+        ctx.put(b"e", b"5");
+        assert_eq!(ctx.get(b"a").unwrap(), None);
+        assert_eq!(ctx.get(b"e").unwrap().as_deref(), Some(&b"5"[..]));
         let (writes, output) = ctx.finish();
-        assert_eq!(writes.len(), 4);
+        assert_eq!(writes.len(), 6);
         assert!(output.is_empty(), "no output configured, nothing kept");
         // Nothing reached the store.
         assert_eq!(
