@@ -1,5 +1,6 @@
 //! Shared helpers: the runtime, the binary, configs in temp directories.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
@@ -123,4 +124,15 @@ pub fn build_component(name: &str, feature: Option<&str>) -> PathBuf {
     let named = target.join(format!("{name}-{}.wasm", feature.unwrap_or("correct")));
     std::fs::copy(built, &named).unwrap();
     named
+}
+
+/// What the store holds (key -> value), through `txstore scan`.
+pub fn scan(config: &Path) -> BTreeMap<String, String> {
+    ok(&txstore(&["scan", "--config", config.to_str().unwrap()]))
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('\t').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
 }

@@ -2,7 +2,7 @@
 //! changelog bounded by the live state, and crashes and power cuts inside
 //! a clean leave the store equal to an oracle computed from the input.
 
-use crate::common::{ok, recover_json, stderr, txstore, txstore_env, write_config};
+use crate::common::{ok, recover_json, scan, stderr, txstore, txstore_env, write_config};
 use crate::protocol::run_crashing;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,16 +42,6 @@ fn oracle(input: &Path) -> BTreeMap<String, String> {
         };
     }
     state
-}
-
-fn scan(config: &Path) -> BTreeMap<String, String> {
-    ok(&txstore(&["scan", "--config", config.to_str().unwrap()]))
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once('\t').unwrap();
-            (k.to_string(), v.to_string())
-        })
-        .collect()
 }
 
 fn config(dir: &Path, guest: &str) -> PathBuf {

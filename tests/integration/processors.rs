@@ -5,7 +5,7 @@
 //! exactly against an independent computation of the store and the output
 //! file. Then the mistakes an operator makes with them.
 
-use crate::common::{build_component, ok, stderr, txstore, txstore_env, write_config};
+use crate::common::{build_component, ok, scan, stderr, txstore, txstore_env, write_config};
 use crate::output::committed;
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -109,17 +109,6 @@ pub fn expected(input: &Path, prefix: &str) -> (BTreeMap<String, String>, String
         })
         .collect();
     (store, out)
-}
-
-/// What the store holds, through `txstore scan`.
-pub fn scan(config: &Path) -> BTreeMap<String, String> {
-    ok(&txstore(&["scan", "--config", config.to_str().unwrap()]))
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once('\t').unwrap();
-            (k.to_string(), v.to_string())
-        })
-        .collect()
 }
 
 fn config(dir: &Path, guest: &str, processor: &Path) -> PathBuf {

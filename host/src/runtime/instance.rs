@@ -7,7 +7,7 @@ use super::bindings::exports::txstore::store::state_store as export;
 use super::bindings::txstore::store::types::Entry;
 use super::host::GuestState;
 use super::limiter::{GuestLimiter, MemoryLimitExceeded};
-use super::{bindings, GuestComponent, Limits, EPOCH_TICK};
+use super::{bindings, GuestComponent, Limits};
 use crate::crash::Phase;
 use crate::storage::StoreStorage;
 use anyhow::Result;
@@ -123,12 +123,7 @@ impl StoreInstance {
         if let Some(why) = self.dead {
             return Err(self.trap(func, why.into()));
         }
-        let ticks = self
-            .limits
-            .call_timeout_ms
-            .div_ceil(EPOCH_TICK.as_millis() as u64)
-            .max(1);
-        self.store.set_epoch_deadline(ticks);
+        self.store.set_epoch_deadline(self.limits.call_ticks());
         self.store.data_mut().phase = phase;
         let result = f(self.api.txstore_store_state_store(), &mut self.store);
         self.store.data_mut().phase = Phase::Other;

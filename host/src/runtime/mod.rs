@@ -55,6 +55,15 @@ pub struct Limits {
     pub max_instances: u32,
 }
 
+impl Limits {
+    /// One call's time budget in epoch ticks (at least one).
+    pub(crate) fn call_ticks(&self) -> u64 {
+        self.call_timeout_ms
+            .div_ceil(EPOCH_TICK.as_millis() as u64)
+            .max(1)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {

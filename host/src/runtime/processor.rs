@@ -6,7 +6,7 @@
 
 use super::host::sandbox_wasi;
 use super::limiter::GuestLimiter;
-use super::{Limits, LoadInfo, EPOCH_TICK};
+use super::{Limits, LoadInfo};
 use crate::error::Error;
 use crate::runtime::CallError;
 use crate::task::{Context, Input, Processor};
@@ -218,12 +218,7 @@ pub struct WasmProcessor {
 impl WasmProcessor {
     /// Sets the time budget of the next call.
     fn arm(&mut self) {
-        let ticks = self
-            .limits
-            .call_timeout_ms
-            .div_ceil(EPOCH_TICK.as_millis() as u64)
-            .max(1);
-        self.store.set_epoch_deadline(ticks);
+        self.store.set_epoch_deadline(self.limits.call_ticks());
     }
 
     fn explain(&self, e: &wasmtime::Error) -> String {
