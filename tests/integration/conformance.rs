@@ -50,7 +50,13 @@ fn conformance(guests: &[&str], extra: &[&str]) -> (bool, serde_json::Value, Str
 
 #[test]
 fn every_builtin_guest_passes() {
-    let guests = ["wipe-on-crash", "roll-forward", "roll-back", "buffered"];
+    let guests = [
+        "wipe-on-crash",
+        "roll-forward",
+        "roll-back",
+        "roll-back-snapshot",
+        "buffered",
+    ];
     let (ok, report, text) = conformance(&guests, QUICK);
     assert!(ok, "{text}");
     for g in report.as_array().unwrap() {

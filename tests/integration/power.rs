@@ -61,7 +61,7 @@ fn a_new_state_directory_survives_a_power_cut() {
 /// Every crash mode, a power cut with seeds among them, ends exact.
 #[test]
 fn word_count_is_exact_after_power_cuts_at_every_step() {
-    for guest in ["wipe-on-crash", "roll-back"] {
+    for guest in ["wipe-on-crash", "roll-back", "roll-back-snapshot"] {
         for points in [
             &["after-write@300+power:1"][..],
             &["before-changelog-sync@2+power:2"],

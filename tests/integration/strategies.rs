@@ -145,6 +145,11 @@ fn roll_back_survives_every_crash_point() {
 }
 
 #[test]
+fn roll_back_snapshot_survives_every_crash_point() {
+    sweep("roll-back-snapshot");
+}
+
+#[test]
 fn buffered_survives_every_crash_point() {
     sweep("buffered");
 }
@@ -153,7 +158,12 @@ fn buffered_survives_every_crash_point() {
 /// point reads, batched reads or ranges; read-uncommitted sees all three.
 #[test]
 fn isolation_levels_for_every_transactional_guest() {
-    for guest in ["roll-forward", "roll-back", "buffered"] {
+    for guest in [
+        "roll-forward",
+        "roll-back",
+        "roll-back-snapshot",
+        "buffered",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let backend: Arc<dyn Backend> = Arc::new(RocksBackend::open(dir.path()).unwrap());
         let mut s = open(guest, &backend);

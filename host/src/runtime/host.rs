@@ -146,6 +146,14 @@ impl HostKeyspace for GuestState {
         }
     }
 
+    fn open_snapshot(&mut self, snapshot: String, name: String) -> R<Resource<KeyspaceRes>> {
+        self.count();
+        match self.storage.open_snapshot_keyspace(&snapshot, &name) {
+            Ok(id) => Ok(Ok(self.table.push(KeyspaceRes { id, name })?)),
+            Err(e) => Ok(Err(e.into())),
+        }
+    }
+
     fn name(&mut self, this: Resource<KeyspaceRes>) -> wasmtime::Result<String> {
         Ok(self.table.get(&this)?.name.clone())
     }

@@ -397,6 +397,9 @@ mod tests {
         fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId> {
             self.inner.open_keyspace(name)
         }
+        fn open_snapshot_keyspace(&mut self, snapshot: &str, name: &str) -> Result<KeyspaceId> {
+            self.inner.open_snapshot_keyspace(snapshot, name)
+        }
         fn keyspaces(&self) -> Result<Vec<String>> {
             self.inner.keyspaces()
         }

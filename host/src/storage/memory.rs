@@ -63,31 +63,65 @@ impl Backend for MemoryBackend {
 
 struct MemoryStore {
     data: Arc<Mutex<StoreData>>,
-    /// Keyspace names by `KeyspaceId`.
-    names: Vec<String>,
+    /// What each `KeyspaceId` names.
+    names: Vec<Name>,
     health: Arc<Health>,
 }
 
+/// A keyspace of the store, or one as it is in a snapshot (read-only).
+#[derive(Clone, PartialEq)]
+enum Name {
+    Live(String),
+    Snapshot { snapshot: String, keyspace: String },
+}
+
 impl MemoryStore {
-    fn name(&self, ks: KeyspaceId) -> &str {
-        &self.names[ks.0 as usize]
+    fn id(&mut self, name: Name) -> KeyspaceId {
+        let id = match self.names.iter().position(|n| *n == name) {
+            Some(i) => i,
+            None => {
+                self.names.push(name);
+                self.names.len() - 1
+            }
+        };
+        KeyspaceId(id as u32)
     }
 
-    fn map(&self, ks: KeyspaceId) -> Arc<Map> {
-        self.data
-            .lock()
-            .unwrap()
-            .keyspaces
-            .get(self.name(ks))
-            .cloned()
-            .unwrap_or_default()
+    fn map(&self, ks: KeyspaceId) -> Result<Arc<Map>> {
+        let data = self.data.lock().unwrap();
+        Ok(match &self.names[ks.0 as usize] {
+            Name::Live(name) => data.keyspaces.get(name).cloned(),
+            Name::Snapshot { snapshot, keyspace } => data
+                .snapshots
+                .get(snapshot)
+                .ok_or_else(|| StorageError::NoSuchSnapshot(snapshot.clone()))?
+                .get(keyspace)
+                .cloned(),
+        }
+        .unwrap_or_default())
     }
 
-    fn edit<R>(&self, ks: KeyspaceId, f: impl FnOnce(&mut Map) -> R) -> R {
+    /// The keyspace's name if it may be written.
+    fn writable(&self, ks: KeyspaceId) -> Result<&str> {
+        match &self.names[ks.0 as usize] {
+            Name::Live(name) => Ok(name),
+            Name::Snapshot { snapshot, keyspace } => Err(read_only(snapshot, keyspace)),
+        }
+    }
+
+    fn edit<R>(&self, ks: KeyspaceId, f: impl FnOnce(&mut Map) -> R) -> Result<R> {
+        let name = self.writable(ks)?.to_string();
         let mut data = self.data.lock().unwrap();
-        let map = data.keyspaces.entry(self.name(ks).to_string()).or_default();
-        f(Arc::make_mut(map))
+        let map = data.keyspaces.entry(name).or_default();
+        Ok(f(Arc::make_mut(map)))
     }
+}
+
+/// The refusal of a write to a keyspace opened in a snapshot.
+pub(super) fn read_only(snapshot: &str, keyspace: &str) -> StorageError {
+    StorageError::Denied(format!(
+        "keyspace {keyspace:?} of snapshot {snapshot:?} is read-only"
+    ))
 }
 
 fn apply(map: &mut Map, op: Op) {
@@ -118,14 +152,20 @@ impl StoreStorage for MemoryStore {
             .keyspaces
             .entry(name.to_string())
             .or_default();
-        let id = match self.names.iter().position(|n| n == name) {
-            Some(i) => i,
-            None => {
-                self.names.push(name.to_string());
-                self.names.len() - 1
-            }
-        };
-        Ok(KeyspaceId(id as u32))
+        Ok(self.id(Name::Live(name.to_string())))
+    }
+
+    fn open_snapshot_keyspace(&mut self, snapshot: &str, name: &str) -> Result<KeyspaceId> {
+        self.health.check()?;
+        check_name(NameKind::Snapshot, snapshot)?;
+        check_name(NameKind::Keyspace, name)?;
+        if !self.data.lock().unwrap().snapshots.contains_key(snapshot) {
+            return Err(StorageError::NoSuchSnapshot(snapshot.into()));
+        }
+        Ok(self.id(Name::Snapshot {
+            snapshot: snapshot.to_string(),
+            keyspace: name.to_string(),
+        }))
     }
 
     fn keyspaces(&self) -> Result<Vec<String>> {
@@ -142,22 +182,18 @@ impl StoreStorage for MemoryStore {
 
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.health.before_read()?;
-        let data = self.data.lock().unwrap();
-        Ok(data
-            .keyspaces
-            .get(self.name(ks))
-            .and_then(|m| m.get(key).cloned()))
+        Ok(self.map(ks)?.get(key).cloned())
     }
 
     fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()> {
         self.health.before_write()?;
-        self.edit(ks, |m| m.insert(key.to_vec(), value.to_vec()));
+        self.edit(ks, |m| m.insert(key.to_vec(), value.to_vec()))?;
         Ok(())
     }
 
     fn delete(&mut self, ks: KeyspaceId, key: &[u8]) -> Result<()> {
         self.health.before_write()?;
-        self.edit(ks, |m| m.remove(key));
+        self.edit(ks, |m| m.remove(key))?;
         Ok(())
     }
 
@@ -172,7 +208,7 @@ impl StoreStorage for MemoryStore {
             check_range(s, e)?;
         }
         Ok(Box::new(MemoryCursor {
-            map: self.map(ks),
+            map: self.map(ks)?,
             next: start.map_or(Bound::Unbounded, |s| Bound::Included(s.to_vec())),
             end: end.map(<[u8]>::to_vec),
             health: self.health.clone(),
@@ -185,27 +221,28 @@ impl StoreStorage for MemoryStore {
         self.health.before_write()?;
         self.edit(ks, |m| {
             apply(m, Op::DeleteRange(start.to_vec(), end.to_vec()))
-        });
-        Ok(())
+        })
     }
 
     fn clear(&mut self, ks: KeyspaceId) -> Result<()> {
         self.health.before_write()?;
-        self.edit(ks, Map::clear);
-        Ok(())
+        self.edit(ks, Map::clear)
     }
 
     fn is_empty(&self, ks: KeyspaceId) -> Result<bool> {
         self.health.check()?;
-        Ok(self.map(ks).is_empty())
+        Ok(self.map(ks)?.is_empty())
     }
 
     fn write(&mut self, batch: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Result<()> {
         self.health.check()?;
         check_batch(&batch)?;
+        for (ks, _) in &batch {
+            self.writable(*ks)?;
+        }
         self.health.before_write()?;
         for (ks, ops) in batch {
-            self.edit(ks, |m| ops.into_iter().for_each(|op| apply(m, op)));
+            self.edit(ks, |m| ops.into_iter().for_each(|op| apply(m, op)))?;
         }
         if sync {
             // Applied, then the "flush" fails: poisoned, as on RocksDB.

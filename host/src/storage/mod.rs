@@ -14,6 +14,7 @@
 mod memory;
 pub mod power;
 mod rocks;
+mod sst;
 
 pub use memory::MemoryBackend;
 pub use power::PowerBackend;
@@ -90,6 +91,11 @@ pub trait Backend: Send + Sync {
 pub trait StoreStorage: Send {
     /// Opens (creating if needed) keyspace `name` of this store.
     fn open_keyspace(&mut self, name: &str) -> Result<KeyspaceId>;
+    /// Opens keyspace `name` as it is in snapshot `snapshot`, read-only:
+    /// reads see the snapshot's current contents (empty if the snapshot
+    /// lacks the keyspace) and fail with `NoSuchSnapshot` once it is
+    /// dropped; writes fail with `Denied`.
+    fn open_snapshot_keyspace(&mut self, snapshot: &str, name: &str) -> Result<KeyspaceId>;
     /// The names of every keyspace this store has ever created.
     fn keyspaces(&self) -> Result<Vec<String>>;
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>>;
@@ -281,6 +287,9 @@ pub(crate) mod testing {
         Clear(u32),
         Write(Vec<(u32, Vec<Op>)>, bool),
         Sync,
+        /// Create, or restore, snapshot `s0` or `s1`.
+        Snapshot(u8),
+        Restore(u8),
     }
 
     /// Few keys, so calls collide; with the empty key, zero and 0xff bytes,
@@ -366,6 +375,20 @@ pub(crate) mod testing {
             .collect()
     }
 
+    /// `calls` with syncs, and snapshots `s0`/`s1` created and restored
+    /// between them (a restore of one never created fails on any backend).
+    pub fn calls_with_snapshots(seed: u64, len: usize) -> Vec<Call> {
+        let mut rng = Rng::new(seed ^ 0x5a9_5407);
+        calls(seed, len, true)
+            .into_iter()
+            .map(|c| match rng.below(8) {
+                0 => Call::Snapshot(rng.below(2) as u8),
+                1 => Call::Restore(rng.below(2) as u8),
+                _ => c,
+            })
+            .collect()
+    }
+
     /// Opens keyspaces `k0` and `k1` of `s`.
     pub fn open(s: &mut dyn StoreStorage) -> [KeyspaceId; 2] {
         [
@@ -386,6 +409,8 @@ pub(crate) mod testing {
                 s.write(batch, *sync)
             }
             Call::Sync => s.sync(),
+            Call::Snapshot(n) => s.create_snapshot(&format!("s{n}")),
+            Call::Restore(n) => s.restore_snapshot(&format!("s{n}")),
         }
     }
 

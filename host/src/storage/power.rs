@@ -311,6 +311,11 @@ impl StoreStorage for PowerStorage {
         self.lock().stores[index].open_keyspace(name)
     }
 
+    fn open_snapshot_keyspace(&mut self, snapshot: &str, name: &str) -> Result<KeyspaceId> {
+        let index = self.index;
+        self.lock().stores[index].open_snapshot_keyspace(snapshot, name)
+    }
+
     fn keyspaces(&self) -> Result<Vec<String>> {
         self.lock().stores[self.index].keyspaces()
     }
