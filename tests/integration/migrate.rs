@@ -8,7 +8,13 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-const GUESTS: &[&str] = &["buffered", "roll-back", "roll-forward", "wipe-on-crash"];
+const GUESTS: &[&str] = &[
+    "buffered",
+    "roll-back",
+    "roll-back-snapshot",
+    "roll-forward",
+    "wipe-on-crash",
+];
 
 /// The store's size: (lines of input, keys, longest value). With
 /// `TXSTORE_LONG_TESTS=1`, a store of 10^6 keys (every key is written once
