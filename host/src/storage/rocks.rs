@@ -800,7 +800,9 @@ impl StoreStorage for RocksStore {
         // Earlier writes of every family durable first: a restore is a
         // sync point (as `create_snapshot` is).
         self.flush_all(false)?;
-        self.restore_files(name, &index)
+        // A restore cut short leaves families dropped or half-filled: the
+        // backend refuses every call until a restart finishes it.
+        self.health.sync(false, || self.restore_files(name, &index))
     }
 
     fn drop_snapshot(&mut self, name: &str) -> Result<()> {
@@ -1037,6 +1039,8 @@ mod tests {
             s.restore_stops_after = Some(1);
             assert!(s.restore_snapshot("c").is_err());
             assert!(dir.path().join("restoring/s").exists());
+            // Nothing reads the half-restored store.
+            assert!(s.get(ks[1], b"x").is_err());
         }
         {
             let rocks = RocksBackend::open(dir.path()).unwrap();
