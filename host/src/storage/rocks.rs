@@ -28,6 +28,7 @@ use super::{
     check_batch, check_name, check_range, Backend, Cursor, Entry, Health, KeyspaceId, NameKind, Op,
     Result, StorageError, StoreStorage,
 };
+use crate::file;
 use rocksdb::{
     BlockBasedOptions, BoundColumnFamily, Cache, ColumnFamilyDescriptor, FlushOptions, Options,
     ReadOptions, WriteBatch, WriteOptions,
@@ -430,7 +431,7 @@ impl RocksStore {
         for entry in entries {
             let built = entry?.path();
             let done = self.snapshots.join(built.file_name().unwrap());
-            std::fs::create_dir_all(&self.snapshots)?;
+            file::create_dir_all(&self.snapshots)?;
             if done.exists() {
                 std::fs::remove_dir_all(&done)?;
             }
@@ -489,7 +490,7 @@ impl RocksStore {
     fn restore_files(&self, name: &str, index: &SnapshotIndex) -> Result<()> {
         let dir = self.snapshots.join(name);
         let parent = self.restoring.parent().unwrap();
-        std::fs::create_dir_all(parent)?;
+        file::create_dir_all(parent)?;
         write_synced(&self.restoring, format!("{name}\n").as_bytes())?;
         sync_dir(parent)?;
         let mut families: Vec<String> = self.own_families().into_iter().map(|(_, f)| f).collect();
@@ -573,18 +574,17 @@ impl RocksStore {
     }
 }
 
-/// Writes `bytes` to `path` and fsyncs the file.
+/// Writes `bytes` to `path` and fsyncs the file (not its directory).
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
+    let mut f = file::File::create(path)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    Ok(file::sync_dir(dir)?)
 }
 
 /// Adds `op` to `batch`. `max_put` is the largest key put so far in this
@@ -761,7 +761,7 @@ impl StoreStorage for RocksStore {
         // export below has nothing to cut (it would break the prefix rule).
         self.flush_all(false)?;
         let building = self.partial.join(name);
-        std::fs::create_dir_all(&building)?;
+        file::create_dir_all(&building)?;
         let mut index = SnapshotIndex {
             keyspaces: Vec::new(),
         };
@@ -778,7 +778,7 @@ impl StoreStorage for RocksStore {
         let text = serde_json::to_vec_pretty(&index).expect("the index serializes");
         write_synced(&building.join(SNAPSHOT_INDEX), &text)?;
         sync_dir(&building)?;
-        std::fs::create_dir_all(&self.ready)?;
+        file::create_dir_all(&self.ready)?;
         std::fs::rename(&building, self.ready.join(name))?;
         sync_dir(&self.ready)?;
         self.settle_snapshots()?;
