@@ -1,16 +1,25 @@
-//! Micro-benchmarks of the wasm boundary: one put, one get and one
-//! instantiation through a guest, against the same put and get on plain
-//! RocksDB storage (the native baseline), in one run.
+//! Micro-benchmarks of the wasm boundary: one put, one get, one page of a
+//! scan and one instantiation through a guest, against the same put, get
+//! and scan page on plain RocksDB storage (the native baseline), in one run.
 //!
 //! `cargo bench -p txstore --bench calls`
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+
+/// mimalloc rather than glibc's malloc: see the workspace Cargo.toml.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use txstore::runtime::{GuestSource, Isolation, Limits, Runtime};
 use txstore::storage::{Backend, MemoryBackend, RocksBackend};
 
 fn key(i: u64) -> [u8; 16] {
     txstore::bench::key(i)
 }
+
+/// Entries per scan page: the host's cursor batch and a guest's `range` page.
+const PAGE: u32 = 1024;
+/// Distinct keys each store holds.
+const KEYS: u64 = 100_000;
 
 fn calls(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
@@ -19,17 +28,29 @@ fn calls(c: &mut Criterion) {
 
     let mut native = backend.open_store("native").unwrap();
     let ks = native.open_keyspace("data").unwrap();
+    // Every key present before any timing, whichever benchmarks a filter keeps.
+    for k in 0..KEYS {
+        native.put(ks, &key(k), &value).unwrap();
+    }
     let mut i = 0u64;
     c.bench_function("native rocksdb put", |b| {
         b.iter(|| {
             i += 1;
-            native.put(ks, &key(i % 100_000), &value).unwrap()
+            native.put(ks, &key(i % KEYS), &value).unwrap()
         })
     });
     c.bench_function("native rocksdb get", |b| {
         b.iter(|| {
             i += 1;
-            native.get(ks, &key(i % 100_000)).unwrap()
+            native.get(ks, &key(i % KEYS)).unwrap()
+        })
+    });
+    native.sync().unwrap();
+    c.bench_function("native rocksdb scan page of 1024", |b| {
+        b.iter(|| {
+            i += 1;
+            let mut cursor = native.scan(ks, Some(&key(i % KEYS)), None).unwrap();
+            cursor.next(PAGE as usize).unwrap()
         })
     });
 
@@ -46,11 +67,18 @@ fn calls(c: &mut Criterion) {
             .unwrap();
         store.init(&[]).unwrap();
         store.recover(None).unwrap();
-        let mut n = 0u64;
+        for k in 0..KEYS {
+            store.put(&key(k), &value).unwrap();
+            if k % 10_000 == 0 {
+                store.commit(k + 1).unwrap();
+            }
+        }
+        let mut n = KEYS;
+        store.commit(n).unwrap();
         c.bench_function(&format!("{guest} put"), |b| {
             b.iter(|| {
                 n += 1;
-                store.put(&key(n % 100_000), &value).unwrap();
+                store.put(&key(n % KEYS), &value).unwrap();
                 if n % 50_000 == 0 {
                     store.commit(n).unwrap();
                 }
@@ -60,8 +88,15 @@ fn calls(c: &mut Criterion) {
         c.bench_function(&format!("{guest} get read-committed"), |b| {
             b.iter(|| {
                 n += 1;
+                store.get(&key(n % KEYS), Isolation::ReadCommitted).unwrap()
+            })
+        });
+        c.bench_function(&format!("{guest} scan page of 1024"), |b| {
+            b.iter(|| {
+                n += 1;
+                let start = key(n % KEYS);
                 store
-                    .get(&key(n % 100_000), Isolation::ReadCommitted)
+                    .range(Some(&start), None, Isolation::ReadCommitted, PAGE)
                     .unwrap()
             })
         });

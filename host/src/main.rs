@@ -1,5 +1,9 @@
 use clap::Parser;
 
+/// mimalloc rather than glibc's malloc: see the workspace Cargo.toml.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(

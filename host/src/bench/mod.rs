@@ -82,6 +82,9 @@ pub struct Report {
     pub guests: Vec<Figures>,
 }
 
+/// Entries per scan batch: a native cursor's `next` and a guest's `range` page.
+const PAGE: u32 = 1024;
+
 /// The store a write phase drives: plain storage or a guest.
 enum Target {
     Native {
@@ -138,14 +141,30 @@ impl Target {
                 let mut cursor = storage.scan(*ks, None, None)?;
                 let mut n = 0;
                 loop {
-                    let batch = cursor.next(1024)?;
+                    let batch = cursor.next(PAGE as usize)?;
                     if batch.is_empty() {
                         return Ok(n);
                     }
                     n += batch.len() as u64;
                 }
             }
-            Target::Guest(g) => Ok(g.range_all(None, None, Isolation::ReadCommitted)?.len() as u64),
+            // Page by page, as the native cursor batches: no one list of
+            // every entry (a caller would not hold a whole store at once).
+            Target::Guest(g) => {
+                let (mut n, mut start) = (0, None::<Vec<u8>>);
+                loop {
+                    let page = g.range(start.as_deref(), None, Isolation::ReadCommitted, PAGE)?;
+                    n += page.len() as u64;
+                    match page.last() {
+                        Some((k, _)) if page.len() == PAGE as usize => {
+                            let mut next = k.clone();
+                            next.push(0);
+                            start = Some(next);
+                        }
+                        _ => return Ok(n),
+                    }
+                }
+            }
         }
     }
 }

@@ -30,8 +30,8 @@ use super::{
 };
 use crate::file;
 use rocksdb::{
-    BlockBasedOptions, BoundColumnFamily, Cache, ColumnFamilyDescriptor, FlushOptions, Options,
-    ReadOptions, WriteBatch, WriteOptions,
+    BlockBasedOptions, BoundColumnFamily, Cache, ColumnFamilyDescriptor, FlushOptions, InfoLogger,
+    LogLevel, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 use std::collections::{HashMap, HashSet};
 use std::ops::Deref;
@@ -133,13 +133,39 @@ fn db_options() -> Options {
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_atomic_flush(true);
+    // A process opens a database per store, hundreds at a start. What an
+    // open costs beyond reading the MANIFEST, each measured at 1,000 stores
+    // (docs/bench/stores.md):
+    // - 16 threads started per open to load table files (RocksDB's
+    //   default): a state store's few files load as fast in the caller;
+    opts.set_max_file_opening_threads(1);
+    // - a `LOG` file per database with every option dumped at each open
+    //   (see `open_options`);
+    // - reading every table file's properties to refresh statistics that
+    //   only steer compaction.
+    opts.set_skip_stats_update_on_db_open(true);
     opts
 }
 
 /// `db_options` as the database is opened with.
 fn open_options() -> Result<Options> {
     // See `DbHandle::drop`, which flushes at close instead.
-    Ok(db_options().get_options_from_string("avoid_flush_during_shutdown=true")?)
+    let mut opts = db_options().get_options_from_string("avoid_flush_during_shutdown=true")?;
+    // Set here, not in `db_options`: options parsed from a string do not
+    // keep the callback alive. Warnings and errors go to the process's log
+    // rather than a `LOG` file per database; the options dump (header
+    // level) and information messages are dropped.
+    opts.set_info_logger(InfoLogger::new_callback_logger(
+        LogLevel::Warn,
+        |level, msg| match level {
+            LogLevel::Warn => tracing::warn!(target: "txstore::rocksdb", "{}", msg.trim_end()),
+            LogLevel::Error | LogLevel::Fatal => {
+                tracing::error!(target: "txstore::rocksdb", "{}", msg.trim_end())
+            }
+            LogLevel::Debug | LogLevel::Info | LogLevel::Header => {}
+        },
+    ));
+    Ok(opts)
 }
 
 fn no_wal() -> WriteOptions {
