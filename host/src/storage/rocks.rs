@@ -889,6 +889,47 @@ mod tests {
     use std::collections::BTreeMap;
     use std::os::unix::fs::MetadataExt;
 
+    /// The options that keep an open cheap (see `db_options`) are the ones
+    /// the open database runs with, read back from the OPTIONS file RocksDB
+    /// writes at every open, and no `LOG` file is written.
+    #[test]
+    fn a_database_opens_with_the_cheap_open_options() {
+        let dir = tempfile::tempdir().unwrap();
+        for _ in 0..2 {
+            let rocks = RocksBackend::open(dir.path()).unwrap();
+            let mut s = rocks.open_store("s").unwrap();
+            let ks = s.open_keyspace("data").unwrap();
+            s.put(ks, b"k", b"v").unwrap();
+            s.sync().unwrap();
+        }
+        let db = dir.path().join("db");
+        let names: Vec<String> = std::fs::read_dir(&db)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with("LOG")),
+            "RocksDB wrote an info log: {names:?}"
+        );
+        let latest = names
+            .iter()
+            .filter(|n| n.starts_with("OPTIONS-"))
+            .max_by_key(|n| n["OPTIONS-".len()..].parse::<u64>().unwrap())
+            .expect("an OPTIONS file");
+        let options = std::fs::read_to_string(db.join(latest)).unwrap();
+        for line in [
+            "max_file_opening_threads=1",
+            "skip_stats_update_on_db_open=true",
+            "atomic_flush=true",
+            "avoid_flush_during_shutdown=true",
+        ] {
+            assert!(
+                options.lines().any(|l| l.trim() == line),
+                "{latest} lacks {line}"
+            );
+        }
+    }
+
     /// Snapshots created and restored between random calls leave RocksDB
     /// as the memory backend (the oracle) after every call and after a
     /// reopen, and never touch another store of the same database.
