@@ -5,12 +5,12 @@
 //! `cargo bench -p txstore --bench calls`
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use txstore::runtime::{GuestSource, Isolation, Limits, Runtime};
+use txstore::storage::{Backend, MemoryBackend, RocksBackend};
 
 /// mimalloc rather than glibc's malloc: see the workspace Cargo.toml.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use txstore::runtime::{GuestSource, Isolation, Limits, Runtime};
-use txstore::storage::{Backend, MemoryBackend, RocksBackend};
 
 fn key(i: u64) -> [u8; 16] {
     txstore::bench::key(i)

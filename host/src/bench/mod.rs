@@ -18,7 +18,7 @@ pub mod stores;
 use crate::changelog::Record;
 use crate::config::{Config, Guarantee};
 use crate::conformance::workload::Rng;
-use crate::runtime::{GuestSource, Isolation, Limits, Runtime, StoreInstance};
+use crate::runtime::{GuestSource, Isolation, Limits, Runtime, StoreInstance, RANGE_PAGE};
 use crate::storage::{Backend, KeyspaceId, RocksBackend, StoreStorage};
 use crate::task::Task;
 use anyhow::{bail, Context, Result};
@@ -82,9 +82,6 @@ pub struct Report {
     pub guests: Vec<Figures>,
 }
 
-/// Entries per scan batch: a native cursor's `next` and a guest's `range` page.
-const PAGE: u32 = 1024;
-
 /// The store a write phase drives: plain storage or a guest.
 enum Target {
     Native {
@@ -141,7 +138,7 @@ impl Target {
                 let mut cursor = storage.scan(*ks, None, None)?;
                 let mut n = 0;
                 loop {
-                    let batch = cursor.next(PAGE as usize)?;
+                    let batch = cursor.next(RANGE_PAGE)?;
                     if batch.is_empty() {
                         return Ok(n);
                     }
@@ -151,19 +148,11 @@ impl Target {
             // Page by page, as the native cursor batches: no one list of
             // every entry (a caller would not hold a whole store at once).
             Target::Guest(g) => {
-                let (mut n, mut start) = (0, None::<Vec<u8>>);
-                loop {
-                    let page = g.range(start.as_deref(), None, Isolation::ReadCommitted, PAGE)?;
-                    n += page.len() as u64;
-                    match page.last() {
-                        Some((k, _)) if page.len() == PAGE as usize => {
-                            let mut next = k.clone();
-                            next.push(0);
-                            start = Some(next);
-                        }
-                        _ => return Ok(n),
-                    }
-                }
+                let mut n = 0;
+                g.range_pages(None, None, Isolation::ReadCommitted, usize::MAX, |page| {
+                    n += page.len() as u64
+                })?;
+                Ok(n)
             }
         }
     }

@@ -13,6 +13,9 @@ use crate::storage::StoreStorage;
 use anyhow::Result;
 use wasmtime::Store;
 
+/// Entries per `range` call when the host pages through a range.
+pub const RANGE_PAGE: usize = 1024;
+
 pub use bindings::txstore::store::types::Entry as WitEntry;
 pub use bindings::txstore::store::types::Error as WitError;
 pub use export::{Isolation, Recovery, RecoveryAction};
@@ -233,13 +236,26 @@ impl StoreInstance {
         isolation: Isolation,
         max: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        const PAGE: usize = 1024;
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut next = start.map(<[u8]>::to_vec);
+        let mut out = Vec::new();
+        self.range_pages(start, end, isolation, max, |page| out.extend(page))?;
+        Ok(out)
+    }
+
+    /// Pages through `range` over [start, end), [`RANGE_PAGE`] entries at a
+    /// time, handing each page to `each`, until `max` entries are read.
+    pub fn range_pages(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        isolation: Isolation,
+        max: usize,
+        mut each: impl FnMut(Vec<(Vec<u8>, Vec<u8>)>),
+    ) -> Result<(), CallError> {
+        let (mut read, mut next) = (0, start.map(<[u8]>::to_vec));
         loop {
-            let want = PAGE.min(max - out.len());
+            let want = RANGE_PAGE.min(max - read);
             if want == 0 {
-                return Ok(out);
+                return Ok(());
             }
             let page = self.range(next.as_deref(), end, isolation, want as u32)?;
             let full = page.len() == want;
@@ -248,9 +264,10 @@ impl StoreInstance {
                 k.push(0);
                 next = Some(k);
             }
-            out.extend(page);
+            read += page.len();
+            each(page);
             if !full {
-                return Ok(out);
+                return Ok(());
             }
         }
     }

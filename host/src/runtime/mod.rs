@@ -10,7 +10,7 @@ pub mod processor;
 
 pub use host::GuestState;
 pub use instance::{
-    CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError,
+    CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError, RANGE_PAGE,
 };
 pub use limiter::MemoryLimitExceeded;
 pub use processor::{ProcessorComponent, WasmProcessor};

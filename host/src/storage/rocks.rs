@@ -461,7 +461,7 @@ impl RocksStore {
             if done.exists() {
                 std::fs::remove_dir_all(&done)?;
             }
-            std::fs::rename(&built, &done)?;
+            file::rename(&built, &done)?;
             sync_dir(&self.snapshots)?;
             sync_dir(&self.ready)?;
         }
@@ -485,8 +485,9 @@ impl RocksStore {
         let Ok(marker) = std::fs::read_to_string(&self.restoring) else {
             return Ok(());
         };
-        // The marker is synced before the first family is dropped: one
-        // without its newline was cut short before anything was dropped.
+        // The marker is written atomically before the first family is
+        // dropped; one without its newline (torn, by an earlier build that
+        // wrote it in place) was cut short before anything was dropped.
         match marker.strip_suffix('\n') {
             Some(name) => {
                 self.settle_snapshots()?;
@@ -494,7 +495,7 @@ impl RocksStore {
                 self.restore_files(name, &index)
             }
             None => {
-                std::fs::remove_file(&self.restoring)?;
+                file::remove_file(&self.restoring)?;
                 sync_dir(self.restoring.parent().unwrap())
             }
         }
@@ -517,8 +518,7 @@ impl RocksStore {
         let dir = self.snapshots.join(name);
         let parent = self.restoring.parent().unwrap();
         file::create_dir_all(parent)?;
-        write_synced(&self.restoring, format!("{name}\n").as_bytes())?;
-        sync_dir(parent)?;
+        file::write_atomic(&self.restoring, format!("{name}\n").as_bytes())?;
         let mut families: Vec<String> = self.own_families().into_iter().map(|(_, f)| f).collect();
         families.extend(
             index
@@ -550,7 +550,7 @@ impl RocksStore {
                 sst::ingest(&self.db, &cf, &dir.join(&saved.dir), &files)?;
             }
         }
-        std::fs::remove_file(&self.restoring)?;
+        file::remove_file(&self.restoring)?;
         sync_dir(parent)
     }
 
@@ -598,15 +598,6 @@ impl RocksStore {
         }
         self.flush_all(false)
     }
-}
-
-/// Writes `bytes` to `path` and fsyncs the file (not its directory).
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = file::File::create(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -802,10 +793,9 @@ impl StoreStorage for RocksStore {
             });
         }
         let text = serde_json::to_vec_pretty(&index).expect("the index serializes");
-        write_synced(&building.join(SNAPSHOT_INDEX), &text)?;
-        sync_dir(&building)?;
+        file::write_atomic(&building.join(SNAPSHOT_INDEX), &text)?;
         file::create_dir_all(&self.ready)?;
-        std::fs::rename(&building, self.ready.join(name))?;
+        file::rename(&building, &self.ready.join(name))?;
         sync_dir(&self.ready)?;
         self.settle_snapshots()?;
         self.drop_views(name)
