@@ -24,6 +24,11 @@ pub struct Config {
     /// The directory relative paths are resolved against (the file's own).
     #[serde(skip)]
     pub base: PathBuf,
+    /// Set by [`Config::for_partition`]: this is the config of one
+    /// partition's task of a Kafka input, not the job's.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub partition_task: Option<i32>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -167,8 +172,10 @@ pub struct KafkaInput {
     /// Defaults to `changelog.bootstrap_servers`.
     pub bootstrap_servers: Option<String>,
     /// The consumer group the processes share; defaults to
-    /// `txstore-<store.name>`. Only membership: input positions are
-    /// committed in the changelog transaction, not to this group.
+    /// `txstore-<store.name>`. Each task commits its input position to it
+    /// (the input partition's offset) inside the changelog transaction, so
+    /// Kafka's own tools show the group's lag; a task resumes from the
+    /// position its changelog transaction committed.
     pub group_id: Option<String>,
     /// How partitions are spread over the group's processes.
     #[serde(default)]
@@ -284,8 +291,9 @@ pub struct ChangelogConfig {
     /// Kafka: defaults to `txstore-<topic>-<partition>`. Two instances with
     /// the same id fence each other: the older one stops.
     pub transactional_id: Option<String>,
-    /// Kafka: the consumer group the input position is committed to, in the
-    /// same transaction; defaults to the transactional id.
+    /// Kafka, file input: the consumer group the input position is
+    /// committed to, in the same transaction; defaults to the transactional
+    /// id. (A Kafka input's positions go to `task.input.group_id`.)
     pub group_id: Option<String>,
     /// Kafka: create the topic (compacted) when it does not exist.
     pub create_topic: bool,
@@ -296,6 +304,10 @@ pub struct ChangelogConfig {
     /// default when unset): with `acks=all`, a commit needs this many
     /// replicas to have it.
     pub min_insync_replicas: Option<i32>,
+    /// Kafka: `min.compaction.lag.ms` of a created topic. A replay of
+    /// transactions younger than this is proven record by record; older
+    /// ones may have been compacted, so gaps there are accepted.
+    pub min_compaction_lag_ms: i64,
     /// Kafka: the most any broker operation may take.
     pub timeout_ms: u64,
     /// Kafka: further librdkafka settings (security, tuning), passed as is.
@@ -319,6 +331,7 @@ impl Default for ChangelogConfig {
             topic_partitions: None,
             replication_factor: 1,
             min_insync_replicas: None,
+            min_compaction_lag_ms: 3_600_000,
             timeout_ms: 30_000,
             properties: BTreeMap::new(),
         }
@@ -531,10 +544,18 @@ impl Config {
             limits: Limits::default(),
             runtime: RuntimeConfig::default(),
             base: PathBuf::new(),
+            partition_task: None,
         }
     }
 
+    /// A path setting: `~/` is the home directory (as a shell would read
+    /// it; a literal `~` directory is never what was meant), a relative
+    /// path is the config's directory's.
     fn resolve(&self, p: &Path) -> PathBuf {
+        let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+        if let (Ok(rest), Some(home)) = (p.strip_prefix("~"), home) {
+            return PathBuf::from(home).join(rest);
+        }
         if p.is_absolute() {
             p.to_path_buf()
         } else {
@@ -553,40 +574,8 @@ impl Config {
     }
 
     #[doc(hidden)]
-    /// The Kafka changelog's settings, with defaults filled in.
-    pub fn kafka(&self) -> Result<crate::changelog::kafka::KafkaSettings> {
-        let c = &self.changelog;
-        let Some(bootstrap) = c.bootstrap_servers.clone() else {
-            bail!("changelog.kind = \"kafka\" needs changelog.bootstrap_servers");
-        };
-        let topic = self.kafka_topic();
-        let transactional_id = c
-            .transactional_id
-            .clone()
-            .unwrap_or_else(|| format!("txstore-{topic}-{}", c.partition));
-        Ok(crate::changelog::kafka::KafkaSettings {
-            bootstrap_servers: bootstrap,
-            group_id: c
-                .group_id
-                .clone()
-                .unwrap_or_else(|| transactional_id.clone()),
-            partition: c.partition,
-            transactional_id,
-            create_topic: c.create_topic,
-            topic_partitions: c.topic_partitions.unwrap_or(c.partition + 1),
-            replication_factor: c.replication_factor,
-            timeout: std::time::Duration::from_millis(c.timeout_ms),
-            properties: c.properties.clone(),
-            output_topic: match &self.task.output {
-                Some(OutputSpec::Kafka { topic }) => Some(topic.clone()),
-                _ => None,
-            },
-            min_insync_replicas: c.min_insync_replicas,
-            topic,
-        })
-    }
-
-    fn kafka_topic(&self) -> String {
+    /// The Kafka changelog's topic: `changelog.topic`, else `<store.name>-changelog`.
+    pub fn kafka_topic(&self) -> String {
         self.changelog
             .topic
             .clone()
@@ -663,6 +652,13 @@ impl Config {
             .map(|g| format!("{g}-{partition}"));
         c.store.state_dir = self.state_dir().join(&name);
         c.store.name = name;
+        c.partition_task = Some(partition);
+        // The job's group, named before the store name gains its partition.
+        if let Some(InputSpec::Kafka(input)) = &mut c.task.input {
+            input
+                .group_id
+                .get_or_insert_with(|| format!("txstore-{}", self.store.name));
+        }
         c
     }
 
@@ -742,6 +738,21 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    /// `~/` in a path setting is the home directory, never a directory
+    /// named `~` next to the config (whose obvious clean-up, `rm -rf ~`,
+    /// would delete the home directory).
+    #[test]
+    fn a_tilde_is_the_home_directory() {
+        let home = PathBuf::from(std::env::var_os("HOME").expect("HOME is set"));
+        let text = "[store]\nguest = \"buffered\"\nstate_dir = \"~/s\"\n[runtime]\ncache_dir = \"~/.cache/txstore\"\n";
+        let c = Config::parse(text, "c.toml", Path::new("/etc/app")).unwrap();
+        assert_eq!(c.state_dir(), home.join("s"));
+        assert_eq!(c.cache_dir(), Some(home.join(".cache/txstore")));
+        let text = "[store]\nguest = \"buffered\"\nstate_dir = \"~s\"\n";
+        let c = Config::parse(text, "c.toml", Path::new("/etc/app")).unwrap();
+        assert_eq!(c.state_dir(), Path::new("/etc/app/~s"));
+    }
+
     #[test]
     fn typos_name_the_line() {
         let text = "[store]\nguest = \"wipe-on-crash\"\nstate_dir = \"s\"\n\n[task]\ncomit_interval_ms = 5\n";
@@ -788,12 +799,6 @@ mod tests {
             "c.toml: changelog.topic is only for kind = \"kafka\""
         );
         assert!(err("kind = \"kafak\"\n").starts_with("c.toml:6: unknown variant `kafak`"));
-        let c = parse("kind = \"kafka\"\nbootstrap_servers = \"b:9092\"\npartition = 3\n").unwrap();
-        let k = c.kafka().unwrap();
-        assert_eq!(k.topic, "wc-changelog");
-        assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
-        assert_eq!(k.group_id, k.transactional_id);
-        assert_eq!(k.topic_partitions, 4);
     }
 
     #[test]
@@ -813,13 +818,6 @@ mod tests {
         let p3 = c.for_partition(3, 6);
         assert_eq!(p3.store.name, "wc-3");
         assert_eq!(p3.state_dir(), PathBuf::from("/etc/s/wc-3"));
-        let k = p3.kafka().unwrap();
-        assert_eq!(
-            (k.topic.as_str(), k.partition, k.topic_partitions),
-            ("wc-changelog", 3, 6)
-        );
-        assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
-        assert_eq!(k.output_topic.as_deref(), Some("out"));
         assert!(
             err("[task]\ninput = { kind = \"kafka\", topic = \"in\" }\n")
                 .contains("needs changelog.kind = \"kafka\"")

@@ -15,6 +15,9 @@
 //!   changes nothing durable, so unlike a failed sync it does not poison
 //!   the storage: the guest must pass the error on, never return what it
 //!   read so far as if it were all.
+//! - `changelog-drop`: each read of a Kafka changelog replay loses every
+//!   message from its N-th on, as a broker or client that drops batches
+//!   would (the replay must prove itself incomplete and stop).
 //!
 //! The rule the host keeps (PostgreSQL's "fsyncgate", 2018): after a failed
 //! fsync the kernel may have dropped the dirty pages and will report
@@ -39,6 +42,7 @@ pub const KINDS: &[&str] = &[
     "storage-sync",
     "storage-write",
     "storage-read",
+    "changelog-drop",
 ];
 
 /// What is counted: one counter per class of call.
@@ -50,15 +54,17 @@ pub enum Class {
     StorageSync,
     StorageWrite,
     StorageRead,
+    ChangelogRead,
 }
 
-const CLASSES: [Class; 6] = [
+const CLASSES: [Class; 7] = [
     Class::Fsync,
     Class::Write,
     Class::Rename,
     Class::StorageSync,
     Class::StorageWrite,
     Class::StorageRead,
+    Class::ChangelogRead,
 ];
 
 impl Class {
@@ -74,6 +80,7 @@ impl Class {
             Class::StorageSync => "storage-sync",
             Class::StorageWrite => "storage-write",
             Class::StorageRead => "storage-read",
+            Class::ChangelogRead => "changelog-read",
         }
     }
 }
@@ -87,6 +94,8 @@ pub enum Fault {
     NoSpace,
     /// Part of the buffer is written, then EIO.
     Short,
+    /// The message is lost on its way (a read only).
+    Drop,
 }
 
 impl Fault {
@@ -95,6 +104,7 @@ impl Fault {
         let (code, why) = match self {
             Fault::Eio | Fault::Short => (5, "input/output error"),
             Fault::NoSpace => (28, "no space left on device"),
+            Fault::Drop => (5, "message dropped"),
         };
         std::io::Error::new(
             std::io::Error::from_raw_os_error(code).kind(),
@@ -131,6 +141,7 @@ impl std::str::FromStr for Injection {
             "storage-sync" => (Class::StorageSync, Fault::Eio),
             "storage-write" => (Class::StorageWrite, Fault::NoSpace),
             "storage-read" => (Class::StorageRead, Fault::Eio),
+            "changelog-drop" => (Class::ChangelogRead, Fault::Drop),
             _ => return Err(bad()),
         };
         Ok(Injection { class, fault, nth })
@@ -142,6 +153,7 @@ impl std::fmt::Display for Injection {
         let kind = match (self.class, self.fault) {
             (Class::Write, Fault::NoSpace) => "write-enospc",
             (Class::Write, _) => "write-short",
+            (Class::ChangelogRead, _) => "changelog-drop",
             (c, _) => c.name(),
         };
         write!(f, "{kind}:{}", self.nth)
@@ -176,6 +188,16 @@ pub fn hit(class: Class) -> Option<Fault> {
         }
         _ => None,
     }
+}
+
+/// The N of an injection armed for `class`, for a caller that counts
+/// its own calls (a changelog read counts per read, not per process).
+pub fn armed(class: Class) -> Option<u64> {
+    ARMED
+        .get()
+        .and_then(Option::as_ref)
+        .filter(|i| i.class == class)
+        .map(|i| i.nth)
 }
 
 /// Calls counted so far, per class, in `CLASSES` order.

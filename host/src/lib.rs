@@ -64,7 +64,8 @@
 //!   simulation; `fault`: injected I/O errors; `mutants`: test-only bugs;
 //! - `conformance`: the suite that crashes a guest everywhere and checks it;
 //! - `bench`: `txstore bench`, guests against plain RocksDB;
-//! - `config` and `cli`: the TOML configuration and the command line.
+//! - `config` and `cli`: the TOML configuration and the command line;
+//! - `tsv`: the escape of every `key<TAB>value` field the host writes.
 
 #[doc(hidden)]
 pub mod bench;
@@ -88,11 +89,15 @@ pub mod file;
 #[doc(hidden)]
 pub mod mutants;
 #[doc(hidden)]
+pub mod rng;
+#[doc(hidden)]
 pub mod runtime;
 #[doc(hidden)]
 pub mod storage;
 #[doc(hidden)]
 pub mod task;
+#[doc(hidden)]
+pub mod tsv;
 
 /// ```
 /// use txstore::Record;

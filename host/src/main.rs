@@ -5,11 +5,16 @@ use clap::Parser;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    use std::io::IsTerminal as _;
+    // Colour only for a person at a terminal, and never under NO_COLOR.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TXSTORE_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = txstore::cli::main(txstore::cli::Cli::parse()) {

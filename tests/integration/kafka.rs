@@ -7,7 +7,7 @@
 //! (PyPI) started here. Without one the tests say so on stderr and return;
 //! with `TXSTORE_REQUIRE_KAFKA=1` (CI) a missing broker fails them instead.
 
-use crate::common::{ok, stderr, txstore, write_config};
+use crate::common::{ok, stderr, txstore, txstore_env, write_config};
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
 use crate::strategies::{INTERVAL, LINES, SCENARIOS};
 use rdkafka::config::ClientConfig;
@@ -262,6 +262,122 @@ fn aborted_transactions_never_reach_the_store() {
         all >= committed + words.len(),
         "aborted records stay in the log ({all}) but not in the committed view ({committed})"
     );
+}
+
+/// A store that needs a replay from an offset after an aborted
+/// transaction gets every committed record back. On a broker that lists
+/// aborted transactions wrongly (noida-db 0.2 at a later fetch offset),
+/// the first read drops the producer's later batches: the replay proof
+/// sees it, and the log is read again from its start; it is never
+/// accepted short (before the proof, the store silently kept its old
+/// counts here).
+#[test]
+fn a_replay_after_an_aborted_transaction_is_exact() {
+    let Some(bootstrap) = broker("a_replay_after_an_aborted_transaction_is_exact") else {
+        return;
+    };
+    std::thread::scope(|scope| {
+        for guest in ["buffered", "roll-forward", "roll-back-snapshot"] {
+            scope.spawn(move || {
+                let dir = tempfile::tempdir().unwrap();
+                let input = input(dir.path(), LINES);
+                let topic = fresh_topic("abort-replay");
+                let config = kafka_config(dir.path(), guest, bootstrap, &topic, INTERVAL);
+                // A transaction left open by a crash: the next start aborts it.
+                run_crashing(&config, "after-write@60");
+                // Two more commits, the third in the changelog only: the
+                // store must replay it, from after the aborted transaction.
+                run_crashing(&config, "after-changelog-commit@3");
+                let out = txstore(&["run", "--config", config.to_str().unwrap(), "--json"]);
+                let report: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+                if stderr(&out).contains("reading the partition again") {
+                    eprintln!("{guest}: the first read of the replay was short; the second read was whole");
+                }
+                assert!(
+                    report["recovery"]["replayed_records"].as_u64() > Some(0),
+                    "{guest}: nothing was replayed: {report}"
+                );
+                assert_eq!(shell_count(&input), store_counts(&config), "{guest} on {topic}");
+            });
+        }
+    });
+}
+
+/// A consumer that drops batches (planted: every read of the replay loses
+/// its messages from the tenth on): the start stops with one line naming
+/// the partition and the offsets, instead of carrying on from the old
+/// state; the next start, with nothing dropped, is exact.
+#[test]
+fn a_replay_that_cannot_prove_it_read_everything_stops() {
+    let Some(bootstrap) = broker("a_replay_that_cannot_prove_it_read_everything_stops") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = input(dir.path(), LINES);
+    let topic = fresh_topic("dropped");
+    let config = kafka_config(dir.path(), "buffered", bootstrap, &topic, INTERVAL);
+    run_crashing(&config, "after-changelog-commit@3");
+    let out = txstore_env(
+        &["run", "--config", config.to_str().unwrap()],
+        &[("TXSTORE_IO_ERROR", "changelog-drop:10")],
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success(), "a short replay was accepted: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert!(
+        errors.len() == 1
+            && errors[0].contains(&format!("topic `{topic}` partition 0"))
+            && errors[0].contains("is not complete"),
+        "one error line naming the partition expected: {err}"
+    );
+    run_to_end(&config);
+    assert_eq!(shell_count(&input), store_counts(&config));
+}
+
+/// Records the store needs deleted from the changelog (an operator's
+/// `kafka-delete-records`, or a retention that removed segments): the
+/// start refuses with one line naming the partition and the offsets, and
+/// changes nothing; the store is never opened at its old state.
+#[test]
+fn a_replay_whose_records_were_deleted_stops_with_one_line() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let Some(bootstrap) = broker("a_replay_whose_records_were_deleted_stops_with_one_line") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    input(dir.path(), LINES);
+    let topic = fresh_topic("deleted");
+    let config = kafka_config(dir.path(), "roll-forward", bootstrap, &topic, INTERVAL);
+    // The changelog commits its third transaction; the store is still at the second.
+    run_crashing(&config, "after-changelog-commit@3");
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::End).unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let deleted = futures_executor::block_on(admin.delete_records(&tpl, &options));
+    let low = {
+        let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+        c.fetch_watermarks(&topic, 0, Duration::from_secs(10)).unwrap().0
+    };
+    if deleted.is_err() || low == 0 {
+        // noida-db 0.2.3 answers DeleteRecords without deleting anything.
+        eprintln!(
+            "SKIPPED a_replay_whose_records_were_deleted_stops_with_one_line: the broker did not delete records \
+             ({deleted:?}, low watermark {low})"
+        );
+        return;
+    }
+    let before = std::fs::read_dir(dir.path().join("state")).unwrap().count();
+    let out = txstore(&["run", "--config", config.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "the run accepted a changelog without its records: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert!(
+        errors.len() == 1 && errors[0].contains(&format!("topic `{topic}` partition 0")),
+        "one error line naming the partition expected: {err}"
+    );
+    assert_eq!(before, std::fs::read_dir(dir.path().join("state")).unwrap().count());
 }
 
 /// Two instances with one transactional id: the second fences the first,

@@ -131,13 +131,8 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
         .spawn()
         .unwrap();
     let started = Instant::now();
-    let socket = loop {
-        let state = dir.path().join("state");
-        if let Some(socket) = txstore::task::serve::socket_path(&state).unwrap() {
-            if socket.exists() {
-                break socket;
-            }
-        }
+    let state = dir.path().join("state");
+    while !txstore::task::serve::is_served(&state) {
         assert!(
             run.try_wait().unwrap().is_none(),
             "the run ended before it served"
@@ -147,10 +142,10 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
             "no live-query socket"
         );
         std::thread::sleep(Duration::from_millis(10));
-    };
+    }
     // The state directory holds only files and directories: crash tests
-    // and operators copy it, and a socket cannot be copied.
-    assert_only_files(&dir.path().join("state"));
+    // and operators copy it (the socket is an abstract one, in no directory).
+    assert_only_files(&state);
 
     // Queries while the run goes: every committed answer is a state the
     // task had at a commit, every uncommitted one a state it had between
@@ -209,7 +204,7 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
         committed.mid_run,
         uncommitted.mid_run
     );
-    assert!(!socket.exists(), "the run left its socket behind");
+    assert!(!txstore::task::serve::is_served(&state), "the run's socket outlived it");
     // After the run the store answers offline, with the whole input.
     assert_eq!(prefix_of(&scan(config, "committed")), Ok(RECORDS));
     eprintln!(
@@ -218,41 +213,133 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
     );
 }
 
-/// A socket directory that cannot be used turns live queries off with one
-/// warning line; the run and the queries of a stopped store go on.
+/// Starts `txstore run` on `input` with the kv processor and waits until
+/// it serves live queries.
+fn start_run(dir: &std::path::Path, input: &std::path::Path, env: &[(&str, &str)]) -> std::process::Child {
+    let config = write_config(
+        dir,
+        "buffered",
+        "[task]\nprocessor = \"kv\"\ncommit_interval_records = 1000\ncommit_interval_ms = 3600000\n",
+    );
+    let mut cmd = Command::new(bin());
+    cmd.args(["run", "--config", config.to_str().unwrap(), "--input", input.to_str().unwrap()])
+        .env("XDG_CACHE_HOME", cache_dir())
+        .env_remove("TXSTORE_CRASH_AT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut run = cmd.spawn().unwrap();
+    let started = Instant::now();
+    while !txstore::task::serve::is_served(&dir.join("state")) {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended before it served");
+        assert!(started.elapsed() < Duration::from_secs(60), "no live-query socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    run
+}
+
+fn finish(mut run: std::process::Child) {
+    let status = run.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(run.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "the run failed: {err}");
+}
+
+/// A client finds the running task whatever its environment (another
+/// TMPDIR or XDG_RUNTIME_DIR, one too long for a socket path): the name
+/// comes from the state directory alone.
 #[test]
-fn an_unusable_socket_directory_turns_only_live_queries_off() {
-    use std::os::unix::fs::MetadataExt as _;
+fn live_queries_do_not_depend_on_the_clients_environment() {
     let dir = tempfile::tempdir().unwrap();
-    let runtime = dir.path().join("runtime");
-    std::fs::create_dir(&runtime).unwrap();
-    let probe = runtime.join("probe");
-    std::fs::write(&probe, "").unwrap();
-    let uid = std::fs::metadata(&probe).unwrap().uid();
-    // A file where this user's socket directory should be.
-    std::fs::write(runtime.join(format!("txstore-{uid}")), "").unwrap();
     let input = dir.path().join("input.tsv");
-    std::fs::write(&input, "a\t1\nb\t2\n").unwrap();
-    let config = write_config(dir.path(), "buffered", "[task]\nprocessor = \"kv\"\n");
-    let config = config.to_str().unwrap();
-    let env = [("XDG_RUNTIME_DIR", runtime.to_str().unwrap())];
-    let out = txstore_env(
-        &[
-            "run",
-            "--config",
-            config,
-            "--input",
-            input.to_str().unwrap(),
-        ],
-        &env,
+    let text: String = (0..600_000).map(|i| format!("k{}\t{i}\n", i % KEYS)).collect();
+    std::fs::write(&input, text).unwrap();
+    let run = start_run(dir.path(), &input, &[("TMPDIR", "/tmp")]);
+    let long = dir.path().join("x".repeat(120));
+    std::fs::create_dir(&long).unwrap();
+    let config = dir.path().join("txstore.toml");
+    let env = [
+        ("TMPDIR", long.to_str().unwrap()),
+        ("XDG_RUNTIME_DIR", long.to_str().unwrap()),
+    ];
+    let out = txstore_env(&["get", "k1", "--config", config.to_str().unwrap()], &env);
+    // Answered by the task (offline, the store's lock would refuse it).
+    let v: u64 = ok(&out).trim().parse().unwrap();
+    assert_eq!(v % KEYS, 1);
+    finish(run);
+}
+
+/// A hostile client: a bad range, a scan of more than a page, a client
+/// that sends one byte at a time, more idle connections than the task
+/// serves. None stops the task, and it keeps committing meanwhile.
+#[test]
+fn a_hostile_client_cannot_stop_or_stall_the_task() {
+    use std::io::Write as _;
+    use std::os::linux::net::SocketAddrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.tsv");
+    // 10,000 distinct keys first (a scan of more than two pages), then
+    // long enough a run to query it.
+    let mut text: String = (0..10_000).map(|i| format!("d{i:05}\t{i}\n")).collect();
+    text.extend((0..1_500_000).map(|i| format!("k{}\t{i}\n", i % KEYS)));
+    std::fs::write(&input, text).unwrap();
+    let run = start_run(dir.path(), &input, &[]);
+    let config = dir.path().join("txstore.toml");
+    let c = config.to_str().unwrap();
+    let state = dir.path().join("state");
+
+    // A range whose start is after its end: the client's error, not the task's.
+    let out = txstore(&["scan", "--config", c, "--from", "z", "--to", "a"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("start is after its end"), "{}", stderr(&out));
+
+    // Idle and slow clients, more than the task serves at once.
+    let name = txstore::task::serve::socket_name(&state).unwrap();
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
+    let idle: Vec<_> = (0..40)
+        .map(|_| std::os::unix::net::UnixStream::connect_addr(&addr).unwrap())
+        .collect();
+    let slow = std::thread::spawn(move || {
+        let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        for b in br#"{"op":"get","key":"azE=","committed":true}"# {
+            if s.write_all(&[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    // The task keeps committing meanwhile: read-committed moves on.
+    let first = ok(&txstore(&["scan", "--config", c, "--isolation", "committed", "--count"]));
+    let at = |key: &str| -> u64 {
+        ok(&txstore(&["get", key, "--config", c, "--isolation", "committed"]))
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    let before = at("k0");
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let asked = Instant::now();
+    let after = at("k0");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "a query took {:?} with hostile clients connected",
+        asked.elapsed()
     );
-    ok(&out);
-    let err = stderr(&out);
-    assert_eq!(
-        err.matches("live queries are off").count(),
-        1,
-        "one warning line expected:\n{err}"
+    assert!(
+        after > before,
+        "no commit in {:?} with hostile clients connected (k0 = {before}, then {after})",
+        started.elapsed()
     );
-    let out = txstore_env(&["get", "b", "--config", config], &env);
-    assert_eq!(ok(&out), "2\n");
+    drop(idle);
+    let _ = slow.join();
+
+    // A scan of more pages than one answer holds: every key once, in order.
+    let keys = ok(&txstore(&["scan", "--config", c, "--isolation", "committed", "--from", "d", "--to", "e"]));
+    let keys: Vec<&str> = keys.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    assert_eq!(keys.len(), 10_000, "{first}");
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "the pages overlap or go back");
+    finish(run);
 }

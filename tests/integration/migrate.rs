@@ -199,9 +199,11 @@ fn migrate_keeps_the_data_between_every_pair_of_builtins() {
 }
 
 /// A crash at each step of a migration (and inside the new store's
-/// commits): before the commit point the old store is intact and a second
-/// migration succeeds; after it, the next open finishes the switch. Either
-/// way nothing committed is lost.
+/// commits), as an abort, with every write flushed, and as a power cut
+/// (with and without a seed choosing what unsynced data survives): before
+/// the commit point the old store is intact and a second migration
+/// succeeds; after it, the next open finishes the switch. Either way
+/// nothing committed is lost.
 #[test]
 fn a_crash_at_every_migration_step_leaves_a_usable_store() {
     let before = ["commit-call:1", "migrate-copied", "migrate-built"];
@@ -210,9 +212,15 @@ fn a_crash_at_every_migration_step_leaves_a_usable_store() {
         "migrate-old-moved",
         "migrate-new-moved",
     ];
-    for (from, to) in [("buffered", "roll-forward"), ("wipe-on-crash", "roll-back")] {
+    for (from, to) in [
+        ("buffered", "roll-forward"),
+        ("wipe-on-crash", "roll-back"),
+        // The old store's snapshot directories go to `migrate-old/` with it.
+        ("roll-back-snapshot", "buffered"),
+    ] {
         for (n, point) in before.iter().chain(&after).enumerate() {
-            for mode in ["", "+flush"] {
+            let seeded = format!("+power:{n}");
+            for mode in ["", "+flush", "+power", &seeded] {
                 let dir = tempfile::tempdir().unwrap();
                 let (lines, want) = store_of(dir.path(), from, 100 + n as u64);
                 let config = kv_config(dir.path(), from);

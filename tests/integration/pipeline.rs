@@ -20,12 +20,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const PARTITIONS: i32 = 6;
-const PROCESSES: usize = 3;
+pub const PROCESSES: usize = 3;
 /// Input records per partition.
 const PER_PARTITION: usize = 10_000;
 
 /// One output record: key, and value (None: a tombstone).
-type Out = (Vec<u8>, Option<Vec<u8>>);
+pub type Out = (Vec<u8>, Option<Vec<u8>>);
 
 pub fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -105,7 +105,7 @@ pub fn read_committed(bootstrap: &str, topic: &str, partitions: i32) -> Vec<Out>
     out
 }
 
-fn multiset(v: &[Out]) -> BTreeMap<&Out, usize> {
+pub fn multiset(v: &[Out]) -> BTreeMap<&Out, usize> {
     let mut m = BTreeMap::new();
     for o in v {
         *m.entry(o).or_default() += 1;
@@ -114,7 +114,7 @@ fn multiset(v: &[Out]) -> BTreeMap<&Out, usize> {
 }
 
 /// The differences between two multisets, for a failure message.
-fn differences(expected: &[Out], got: &[Out]) -> String {
+pub fn differences(expected: &[Out], got: &[Out]) -> String {
     let (e, g) = (multiset(expected), multiset(got));
     let mut lines = Vec::new();
     for (k, n) in &e {
@@ -396,7 +396,7 @@ impl std::ops::DerefMut for Process {
     }
 }
 
-fn signal(child: &Child, signal: &str) {
+pub fn signal(child: &Child, signal: &str) {
     let status = Command::new("kill")
         .args([signal, &child.id().to_string()])
         .status()
@@ -405,7 +405,7 @@ fn signal(child: &Child, signal: &str) {
 }
 
 /// Sends SIGTERM and waits for a clean exit.
-fn stop(child: &mut Child, label: &str, p: &Pipeline) {
+pub fn stop(child: &mut Child, label: &str, p: &Pipeline) {
     signal(child, "-TERM");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -431,7 +431,7 @@ fn owned(i: usize) -> Vec<i32> {
     vec![2 * i as i32, 2 * i as i32 + 1]
 }
 
-fn static_config(p: &Pipeline, label: usize, threads: usize, partitions: &[i32]) -> PathBuf {
+pub fn static_config(p: &Pipeline, label: usize, threads: usize, partitions: &[i32]) -> PathBuf {
     p.config(
         label,
         threads,

@@ -20,6 +20,8 @@ const INTERVAL: u64 = 40;
 /// a run to the end.
 const SCENARIOS: &[&[&str]] = &[
     &["after-write@150"],
+    &["before-output-index-sync@3"],
+    &["before-output-index-sync@3+power"],
     &["before-changelog-sync@3"],
     &["before-changelog-sync@3+power"],
     &["after-changelog-commit@3"],
@@ -34,6 +36,12 @@ const SCENARIOS: &[&[&str]] = &[
         "during-restore",
     ],
 ];
+
+/// The test-only processor that misbehaves on request (tests/hostile-processor).
+pub fn hostile_processor() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| build_component("hostile-processor", None))
+}
 
 /// The Rust example processor, written out once for this test run.
 pub fn rust_processor() -> &'static Path {
@@ -293,6 +301,8 @@ fn a_misbehaving_processor_is_stopped_by_the_sandbox() {
         ("grow", "exceeded its memory limit of 32 MiB"),
         ("trap", "planted trap on key k3"),
         ("refuse", "refused a record: refused key k3"),
+        ("put-flood", "bytes of writes for one record (limits.record_write_bytes)"),
+        ("output-flood", "more than limits.record_outputs = 100000"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let lines = format!("k1\tv1\nk2\tv2\nk3\t{bad}\nk4\tv4\n");
@@ -302,7 +312,8 @@ fn a_misbehaving_processor_is_stopped_by_the_sandbox() {
             "roll-forward",
             &format!(
                 "[task]\nprocessor = {:?}\ninput = \"input.txt\"\ncommit_interval_records = 2\n\
-                 commit_interval_ms = 600000\n[limits]\nmemory_mib = 32\ncall_timeout_ms = 300\n",
+                 commit_interval_ms = 600000\n[limits]\nmemory_mib = 32\ncall_timeout_ms = 300\n\
+                 record_write_bytes = 67108864\n",
                 wasm.display().to_string()
             ),
         );

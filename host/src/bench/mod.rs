@@ -17,7 +17,7 @@ pub mod stores;
 
 use crate::changelog::Record;
 use crate::config::{Config, Guarantee};
-use crate::conformance::workload::Rng;
+use crate::rng::Rng;
 use crate::runtime::{GuestSource, Isolation, Limits, Runtime, StoreInstance, RANGE_PAGE};
 use crate::storage::{Backend, KeyspaceId, RocksBackend, StoreStorage};
 use crate::task::Task;

@@ -6,7 +6,7 @@
 //! with the stores split over `threads` worker threads.
 
 use super::{key, Target, VALUE_LEN};
-use crate::conformance::workload::Rng;
+use crate::rng::Rng;
 use crate::runtime::{GuestSource, Limits, Runtime};
 use crate::storage::{Backend, RocksBackend};
 use anyhow::{Context, Result};

@@ -1,17 +1,38 @@
-//! The log cleaner of the embedded changelog, in the spirit of Kafka's
-//! compacted topics: sealed segments are rewritten into *cleaned* segments
-//! that keep, for each key, only its latest record, at its original
-//! offset.
+//! The log cleaner of the embedded changelog, in the spirit of Kafka's log
+//! cleaner: sealed segments are rewritten into *cleaned* segments that
+//! keep, for each key, only its latest record, at its original offset.
+//!
+//! The log has a *clean point*. The invariant every pass keeps: below it
+//! the log holds at most one record per key. From it on is the dirty
+//! section. A pass:
+//! 1. indexes the dirty section from the clean point, oldest first: each
+//!    key's latest position ([`index`]), until the index is full or the
+//!    sealed segments end. The bound: at most
+//!    [`index::capacity`]`(memory_bytes)` keys (16 bytes each in a hash
+//!    table that stays within `memory_bytes`: 28,672 keys for 1 MiB). The
+//!    first record the index could not take is the pass's end `e`;
+//! 2. rewrites the log from its start through the segment holding `e`,
+//!    dropping each record below `e` whose key has a later record in the
+//!    indexed range; records at or past `e` are copied as they are;
+//! 3. leaves the clean point at `e`: below it, the clean section's records
+//!    of keys the range did not touch, and each indexed key's latest.
+//!
+//! Every pass takes in at least one more key's records, so repeated passes
+//! go through a dirty section of any size with a bounded index, whatever
+//! the live key set; one pass does it all when the dirty keys fit.
 //!
 //! What a cleaned segment keeps, and why a replay from it is exact:
-//! - every key's latest record in the cleaned range. A replay writes
-//!   absolute values, so skipping a key's older values changes no final
-//!   state, whichever commit offset the replay starts from;
+//! - every key's latest record. A record is dropped only for a later one
+//!   of its key (compared, not only hashed), and a replay writes absolute
+//!   values, so skipping a key's older values changes no final state,
+//!   whichever commit offset the replay starts from;
 //! - deletes at or above `deletes_below`, the offset the store was durably
-//!   committed at when the clean began. A delete below it is dropped: the
-//!   store already holds its effect, and a wiped store (replaying from 0)
-//!   never had the key. The bound is written in the segment's header, and a
-//!   store that recovers to an offset between 0 and it is refused (see
+//!   committed at when the clean began. A delete below it is dropped if it
+//!   is its key's latest and the pass keeps no older record of its key (the
+//!   invariant, or the index points at it): the store already holds its
+//!   effect, and a wiped store (replaying from 0) never had the key. The
+//!   bound is written in the segment's header, and a store that recovers to
+//!   an offset between 0 and it is refused (see
 //!   `Changelog::deletes_missing_after`);
 //! - the last commit frame (its offset ends the range, its payload is the
 //!   input position) and one commit frame per [`COMMIT_EVERY`] kept data
@@ -20,13 +41,13 @@
 //!   starts inside it applies it whole, which repeats only latest values.
 //!
 //! A cleaned segment starts with a header frame (kind 3, at the segment's
-//! base offset) naming the end of the range it covers and `deletes_below`;
-//! its frames carry increasing, no longer consecutive, offsets.
+//! base offset) naming the end of the range it covers, `deletes_below` and
+//! its clean point (the log's is its last cleaned segment's); its frames
+//! carry increasing, no longer consecutive, offsets.
 //!
-//! A clean first indexes each key's latest offset over all the segments it
-//! covers (reading the sealed segments only, so it may run on a thread
-//! while the task appends), then works through them in groups of at most
-//! one segment's bytes, in offset order. Each group is built into
+//! The index reads only sealed segments, so a pass may run on a thread
+//! while the task appends. The rewrite goes in groups of at most one
+//! segment's bytes, in offset order. Each group is built into
 //! `BASE.log.clean`, fsynced and installed before the next is built (so a
 //! clean needs one group of extra disk): the group's first seal is
 //! removed, the built file renamed over its first segment (the group's
@@ -35,10 +56,10 @@
 //! is removed, and segments a cleaned segment covers are removed. So a
 //! crash, abort or power cut leaves each group either cleaned or as it
 //! was, and the groups before it cleaned: a valid log (see [`run`]).
-//!
-//! Memory: the index maps each key of the cleaned range to its latest
-//! offset; past `memory_bytes` the clean covers only the segments indexed
-//! whole (at least one), and the rest waits for the next clean.
+
+mod index;
+#[cfg(test)]
+mod tests;
 
 use super::embedded::{
     decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA,
@@ -47,25 +68,28 @@ use super::embedded::{
 use super::CommitInfo;
 use crate::file::{self, File};
 use anyhow::{bail, Context, Result};
-use std::collections::HashMap;
+use index::{Index, KeyReader, Verdict};
+use std::hash::BuildHasher;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+pub use index::capacity as index_capacity;
+
 /// Kept data frames between two kept commit frames of a cleaned segment.
 pub const COMMIT_EVERY: u64 = 1024;
-/// Index bytes counted per key beyond its length (hash map entry, offset).
-const INDEX_OVERHEAD: usize = 48;
 
-/// What a clean is asked to do.
+/// What a clean pass is asked to do.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    /// The sealed segments to rewrite, oldest first: (base offset, path).
-    /// The first may be an earlier clean's segment.
+    /// The sealed segments, oldest first: (base offset, path). The first
+    /// ones may be an earlier clean's.
     pub segments: Vec<(u64, PathBuf)>,
     /// Where the last of them ends: the base of the segment after it.
     pub end: u64,
+    /// The log's clean point: the dirty section starts here.
+    pub clean_to: u64,
     /// Deletes below this offset may be dropped.
     pub deletes_below: u64,
     /// The most the key index may hold.
@@ -75,32 +99,63 @@ pub struct Plan {
     pub group_bytes: u64,
 }
 
-/// Figures of one clean.
+/// Figures of a clean: of one group, of one pass (its groups summed), or
+/// of several passes ([`CleanStats::then`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CleanStats {
+    /// Segments and bytes read and bytes written (summed over passes: each
+    /// pass rewrites the log from its start).
     pub segments_in: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Records the clean took in: those it kept plus those it dropped.
     pub records_in: u64,
+    /// Records in the segments the last pass rewrote.
     pub records_kept: u64,
+    /// Records dropped: superseded, or deletes below the bound.
+    pub records_dropped: u64,
     pub deletes_dropped: u64,
     pub commits_kept: u64,
+    pub passes: u64,
+    /// The most keys a pass's index holds (`changelog.clean_memory_bytes`).
+    pub index_capacity: u64,
+    /// The log's clean point after the clean, and its sealed end: equal
+    /// when the whole sealed log is clean.
+    pub clean_to: u64,
+    pub log_end: u64,
 }
 
 impl CleanStats {
-    /// Adds another group's figures.
+    /// Adds another group's figures (of the same pass).
     pub fn add(&mut self, other: &CleanStats) {
         self.segments_in += other.segments_in;
         self.bytes_in += other.bytes_in;
         self.bytes_out += other.bytes_out;
         self.records_in += other.records_in;
         self.records_kept += other.records_kept;
+        self.records_dropped += other.records_dropped;
         self.deletes_dropped += other.deletes_dropped;
         self.commits_kept += other.commits_kept;
     }
+
+    /// Takes in a later pass over the same log.
+    pub fn then(&mut self, pass: &CleanStats) {
+        self.segments_in += pass.segments_in;
+        self.bytes_in += pass.bytes_in;
+        self.bytes_out += pass.bytes_out;
+        self.records_dropped += pass.records_dropped;
+        self.deletes_dropped += pass.deletes_dropped;
+        self.records_kept = pass.records_kept;
+        self.records_in = self.records_kept + self.records_dropped;
+        self.commits_kept = pass.commits_kept;
+        self.passes += pass.passes;
+        self.index_capacity = pass.index_capacity;
+        self.clean_to = pass.clean_to;
+        self.log_end = pass.log_end;
+    }
 }
 
-/// A built, durable, not yet installed clean.
+/// A built, durable, not yet installed group.
 #[derive(Debug)]
 pub struct Built {
     /// The `.clean` file.
@@ -111,6 +166,8 @@ pub struct Built {
     pub base: u64,
     /// Its header's bound (the largest of the plan's and its inputs').
     pub deletes_below: u64,
+    /// Its header's clean point.
+    pub clean_to: u64,
     /// The last commit of the covered range: the new segment's seal.
     pub last: CommitInfo,
     pub len: u64,
@@ -139,25 +196,38 @@ fn building_path(segment: &Path) -> PathBuf {
     segment.with_file_name(name)
 }
 
-/// A cleaned segment's header: the end of the range it covers and the
-/// bound below which its deletes were dropped.
+/// A cleaned segment's header: the end of the range it covers, the bound
+/// below which its deletes were dropped, and its clean point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
     pub end: u64,
     pub deletes_below: u64,
+    pub clean_to: u64,
 }
 
 pub fn encode_header(h: Header) -> Vec<u8> {
     let mut p = h.end.to_le_bytes().to_vec();
     p.extend_from_slice(&h.deletes_below.to_le_bytes());
+    p.extend_from_slice(&h.clean_to.to_le_bytes());
     p
 }
 
+/// 24 bytes; a header of 16 (before clean points) is clean to its end.
 fn decode_header(payload: &[u8]) -> Option<Header> {
-    (payload.len() == 16).then(|| Header {
-        end: u64::from_le_bytes(payload[0..8].try_into().unwrap()),
-        deletes_below: u64::from_le_bytes(payload[8..16].try_into().unwrap()),
-    })
+    let word = |i: usize| u64::from_le_bytes(payload[i..i + 8].try_into().unwrap());
+    match payload.len() {
+        16 => Some(Header {
+            end: word(0),
+            deletes_below: word(8),
+            clean_to: word(0),
+        }),
+        24 => Some(Header {
+            end: word(0),
+            deletes_below: word(8),
+            clean_to: word(16),
+        }),
+        _ => None,
+    }
 }
 
 /// The header of `segment` if it is a cleaned one (reads one frame).
@@ -177,10 +247,11 @@ pub fn read_header(segment: &Path) -> Result<Option<Header>> {
     }
 }
 
-/// One owned frame, with its encoded bytes.
+/// One owned frame, with its encoded bytes and where it starts.
 struct OwnedFrame {
     kind: u8,
     offset: u64,
+    pos: u64,
     payload: Vec<u8>,
     bytes: Vec<u8>,
 }
@@ -236,10 +307,12 @@ impl<'a, R: Read> Frames<'a, R> {
             Some((f, _)) => (f.kind, f.offset, f.payload.to_vec()),
             None => return Err(damaged()),
         };
+        let pos = self.at;
         self.at += bytes.len() as u64;
         Ok(Some(OwnedFrame {
             kind,
             offset,
+            pos,
             payload,
             bytes,
         }))
@@ -265,205 +338,217 @@ fn data_key<'a>(payload: &'a [u8], path: &Path) -> Result<(u8, &'a [u8])> {
     Ok((op, rest.get(4..4 + klen).ok_or_else(bad)?))
 }
 
-/// Each key's latest offset in the segments a clean covers.
-struct Index {
-    latest: HashMap<Vec<u8>, u64>,
-    /// How many of the plan's segments (a prefix) were indexed whole.
-    covers: usize,
+/// One pass's state.
+struct Pass<'a> {
+    plan: &'a Plan,
+    index: Index,
+    keys: KeyReader,
     /// The plan's bound, raised to its inputs' own.
     deletes_below: u64,
+    /// How many of the plan's segments (a prefix) the pass rewrites.
+    rewrite: usize,
+    /// Where the pass leaves the clean point: the index's end, lowered to
+    /// the first indexed record of a key that lost a hash collision.
+    clean_to: u64,
 }
 
-/// Pass 1: each key's latest offset, over as many whole segments as the
-/// memory bound allows. None if `cancel` was set.
-fn index(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Index>> {
-    assert!(!plan.segments.is_empty(), "a clean needs a segment");
-    let mut latest: HashMap<Vec<u8>, u64> = HashMap::new();
-    let mut index_bytes = 0usize;
-    let mut covers = 0;
-    let mut deletes_below = plan.deletes_below;
-    'segments: for (i, (_, path)) in plan.segments.iter().enumerate() {
-        let mut frames = open_frames(path)?;
-        while let Some(frame) = frames.next_frame()? {
-            if cancel.load(Ordering::Relaxed) {
-                return Ok(None);
+/// What writing a group came to.
+enum Written {
+    Built(Built),
+    Cancelled,
+    /// A key lost a hash collision at this offset, below the header's
+    /// clean point: the group is written again with the clean point there.
+    Collided(u64),
+}
+
+impl<'a> Pass<'a> {
+    /// Builds the index. None if `cancel` was set.
+    fn new(plan: &'a Plan, cancel: &AtomicBool) -> Result<Option<Pass<'a>>> {
+        // A seed per pass: keys that collide in one pass do not in the next.
+        let seed = std::collections::hash_map::RandomState::new().hash_one(plan.clean_to);
+        let Some(index) = Index::build(plan, seed, cancel)? else {
+            return Ok(None);
+        };
+        let rewrite = plan
+            .segments
+            .iter()
+            .take_while(|(base, _)| *base < index.end)
+            .count();
+        let mut deletes_below = plan.deletes_below;
+        for (_, path) in &plan.segments[..rewrite] {
+            if let Some(h) = read_header(path)? {
+                deletes_below = deletes_below.max(h.deletes_below);
             }
-            match frame.kind {
-                KIND_DATA => {
-                    let (_, key) = data_key(&frame.payload, path)?;
-                    match latest.get_mut(key) {
-                        Some(o) => *o = frame.offset,
-                        None => {
-                            index_bytes += key.len() + INDEX_OVERHEAD;
-                            if index_bytes > plan.memory_bytes {
-                                if i == 0 {
-                                    bail!(
-                                        "the keys of changelog segment {} need more than {} bytes of index \
-                                         (changelog.clean_memory_bytes): not cleaned",
-                                        path.display(),
-                                        plan.memory_bytes
-                                    );
-                                }
-                                // Offsets indexed from this segment point at
-                                // records it keeps: still latest-or-later.
-                                break 'segments;
+        }
+        Ok(Some(Pass {
+            plan,
+            keys: KeyReader::new(plan),
+            deletes_below,
+            rewrite,
+            clean_to: index.end,
+            index,
+        }))
+    }
+
+    /// The end offset of the group ending before segment `stop`.
+    fn group_end(&self, stop: usize) -> u64 {
+        self.plan
+            .segments
+            .get(stop)
+            .map_or(self.plan.end, |(b, _)| *b)
+    }
+
+    /// Writes what segments `first..stop` keep into one durable `.clean`
+    /// file that takes the first one's place.
+    fn write_group(&mut self, first: usize, stop: usize, cancel: &AtomicBool) -> Result<Written> {
+        let end = self.group_end(stop);
+        let clean_to = self.clean_to.min(end);
+        let deletes_below = self.deletes_below;
+        let (base, first_path) = &self.plan.segments[first];
+        let out_path = building_path(first_path);
+        let mut out =
+            BufWriter::with_capacity(1 << 16, File::create(&out_path).map_err(WriteFailed)?);
+        let mut stats = CleanStats {
+            segments_in: (stop - first) as u64,
+            ..CleanStats::default()
+        };
+        let mut last: Option<CommitInfo> = None;
+        let mut header = Vec::new();
+        let h = Header {
+            end,
+            deletes_below,
+            clean_to,
+        };
+        super::embedded::encode(&mut header, KIND_CLEANED, *base, &[&encode_header(h)]);
+        out.write_all(&header).map_err(WriteFailed)?;
+        let mut len = header.len() as u64;
+        let mut kept_since_commit = 0u64;
+        // Offsets must increase through a cleaned segment.
+        let mut previous: Option<u64> = None;
+        for segment in first..stop {
+            let path = &self.plan.segments[segment].1;
+            stats.bytes_in += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            let mut frames = open_frames(path)?;
+            // Commit frames are kept only after data: the covered range's
+            // last one always (it is written after the loop if it was skipped).
+            let mut pending_commit: Option<OwnedFrame> = None;
+            while let Some(frame) = frames.next_frame()? {
+                if cancel.load(Ordering::Relaxed) {
+                    drop(out);
+                    let _ = file::remove_file(&out_path);
+                    return Ok(Written::Cancelled);
+                }
+                let keep = match frame.kind {
+                    KIND_DATA => {
+                        stats.records_in += 1;
+                        let (op, key) = data_key(&frame.payload, path)?;
+                        let at = index::position(segment, frame.pos);
+                        match self.index.verdict(at, frame.offset, key, &mut self.keys)? {
+                            Verdict::Superseded => false,
+                            Verdict::Latest if op == OP_DELETE && frame.offset < deletes_below => {
+                                stats.deletes_dropped += 1;
+                                false
                             }
-                            latest.insert(key.to_vec(), frame.offset);
+                            Verdict::Collided if frame.offset < clean_to => {
+                                drop(out);
+                                let _ = file::remove_file(&out_path);
+                                return Ok(Written::Collided(frame.offset));
+                            }
+                            Verdict::Latest | Verdict::Unindexed | Verdict::Collided => true,
                         }
                     }
-                }
-                KIND_CLEANED => {
-                    let h = decode_header(&frame.payload).with_context(|| {
-                        format!("cleaned segment {} has a bad header", path.display())
-                    })?;
-                    deletes_below = deletes_below.max(h.deletes_below);
-                }
-                KIND_COMMIT => {}
-                k => bail!(
-                    "changelog segment {} has a frame of kind {k} at offset {}: not cleaned",
-                    path.display(),
-                    frame.offset
-                ),
-            }
-        }
-        covers = i + 1;
-    }
-
-    Ok(Some(Index {
-        latest,
-        covers,
-        deletes_below,
-    }))
-}
-
-/// Pass 2: writes what `segments` (consecutive, indexed by `idx`) keep
-/// into one durable `.clean` file that takes the first one's place and
-/// covers up to `end`. None if `cancel` was set.
-fn write_group(
-    segments: &[(u64, PathBuf)],
-    end: u64,
-    idx: &Index,
-    cancel: &AtomicBool,
-) -> Result<Option<Built>> {
-    let (latest, deletes_below, covers) = (&idx.latest, idx.deletes_below, segments.len());
-    let (base, first) = &segments[0];
-    let out_path = building_path(first);
-    let mut out = BufWriter::with_capacity(1 << 16, File::create(&out_path).map_err(WriteFailed)?);
-    let mut stats = CleanStats {
-        segments_in: covers as u64,
-        ..CleanStats::default()
-    };
-    let mut last: Option<CommitInfo> = None;
-    let mut header = Vec::new();
-    super::embedded::encode(
-        &mut header,
-        KIND_CLEANED,
-        *base,
-        &[&encode_header(Header { end, deletes_below })],
-    );
-    out.write_all(&header).map_err(WriteFailed)?;
-    let mut len = header.len() as u64;
-    let mut kept_since_commit = 0u64;
-    // Offsets must increase through a cleaned segment.
-    let mut previous: Option<u64> = None;
-    for (i, (_, path)) in segments.iter().enumerate() {
-        stats.bytes_in += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let mut frames = open_frames(path)?;
-        // Commit frames are kept only after data: the covered range's
-        // last one always (it is written after the loop if it was skipped).
-        let mut pending_commit: Option<OwnedFrame> = None;
-        while let Some(frame) = frames.next_frame()? {
-            if cancel.load(Ordering::Relaxed) {
-                drop(out);
-                let _ = file::remove_file(&out_path);
-                return Ok(None);
-            }
-            let keep = match frame.kind {
-                KIND_DATA => {
-                    stats.records_in += 1;
-                    let (op, key) = data_key(&frame.payload, path)?;
-                    let is_latest = latest.get(key) == Some(&frame.offset);
-                    let dropped_delete =
-                        is_latest && op == OP_DELETE && frame.offset < deletes_below;
-                    stats.deletes_dropped += u64::from(dropped_delete);
-                    is_latest && !dropped_delete
-                }
-                KIND_COMMIT => {
-                    let (position, check) = super::embedded::decode_commit(&frame.payload)
-                        .context("commit frame payload is not 8 or 12 bytes")?;
-                    last = Some(CommitInfo {
-                        offset: frame.offset + 1,
-                        input_position: position,
-                        input_check: check,
-                    });
-                    if kept_since_commit >= COMMIT_EVERY {
-                        kept_since_commit = 0;
-                        pending_commit = None;
-                        true
-                    } else {
-                        pending_commit = Some(frame);
-                        continue;
+                    KIND_COMMIT => {
+                        let (position, check) = super::embedded::decode_commit(&frame.payload)
+                            .context("commit frame payload is not 8 or 12 bytes")?;
+                        last = Some(CommitInfo {
+                            offset: frame.offset + 1,
+                            input_position: position,
+                            input_check: check,
+                        });
+                        if kept_since_commit >= COMMIT_EVERY {
+                            kept_since_commit = 0;
+                            pending_commit = None;
+                            true
+                        } else {
+                            pending_commit = Some(frame);
+                            continue;
+                        }
                     }
+                    // A header: the input's own, replaced by ours.
+                    _ => false,
+                };
+                if keep {
+                    if previous.is_some_and(|p| frame.offset <= p) {
+                        bail!(
+                            "changelog offsets go back at {} in {}: not cleaned",
+                            frame.offset,
+                            path.display()
+                        );
+                    }
+                    previous = Some(frame.offset);
+                    if frame.kind == KIND_DATA {
+                        stats.records_kept += 1;
+                        kept_since_commit += 1;
+                    } else {
+                        stats.commits_kept += 1;
+                    }
+                    out.write_all(&frame.bytes).map_err(WriteFailed)?;
+                    len += frame.bytes.len() as u64;
                 }
-                // A header: the input's own, replaced by ours.
-                _ => false,
-            };
-            if keep {
-                if previous.is_some_and(|p| frame.offset <= p) {
-                    bail!(
-                        "changelog offsets go back at {} in {}: not cleaned",
-                        frame.offset,
-                        path.display()
-                    );
-                }
-                previous = Some(frame.offset);
-                if frame.kind == KIND_DATA {
-                    stats.records_kept += 1;
-                    kept_since_commit += 1;
-                } else {
+            }
+            if segment + 1 == stop {
+                if let Some(frame) = pending_commit.take() {
                     stats.commits_kept += 1;
+                    out.write_all(&frame.bytes).map_err(WriteFailed)?;
+                    len += frame.bytes.len() as u64;
                 }
-                out.write_all(&frame.bytes).map_err(WriteFailed)?;
-                len += frame.bytes.len() as u64;
             }
         }
-        if i + 1 == covers {
-            if let Some(frame) = pending_commit.take() {
-                stats.commits_kept += 1;
-                out.write_all(&frame.bytes).map_err(WriteFailed)?;
-                len += frame.bytes.len() as u64;
+        let last = last.context("the segments to clean hold no commit")?;
+        if last.offset != end {
+            bail!(
+                "the segments to clean end at offset {} but the next segment starts at {end}: not cleaned",
+                last.offset
+            );
+        }
+        let file = out.into_inner().map_err(|e| WriteFailed(e.into_error()))?;
+        file.sync_all().map_err(WriteFailed)?;
+        stats.bytes_out = len;
+        stats.records_dropped = stats.records_in - stats.records_kept;
+        Ok(Written::Built(Built {
+            file: out_path,
+            covers: stop - first,
+            base: *base,
+            deletes_below,
+            clean_to,
+            last,
+            len,
+            stats,
+        }))
+    }
+
+    /// [`Pass::write_group`], again with a lower clean point after a
+    /// collision (each retry lowers it, so this ends).
+    fn build_group(&mut self, first: usize, stop: usize, cancel: &AtomicBool) -> Result<Written> {
+        loop {
+            match self.write_group(first, stop, cancel)? {
+                Written::Collided(at) => self.clean_to = at,
+                done => return Ok(done),
             }
         }
     }
-    let last = last.context("the segments to clean hold no commit")?;
-    if last.offset != end {
-        bail!(
-            "the segments to clean end at offset {} but the next segment starts at {end}: not cleaned",
-            last.offset
-        );
-    }
-    let file = out.into_inner().map_err(|e| WriteFailed(e.into_error()))?;
-    file.sync_all().map_err(WriteFailed)?;
-    stats.bytes_out = len;
-    Ok(Some(Built {
-        file: out_path,
-        covers,
-        base: *base,
-        deletes_below,
-        last,
-        len,
-        stats,
-    }))
 }
 
-/// Builds one `.clean` file for every segment of `plan` the index covers
-/// (a clean in one piece: `txstore compact`'s last step, and tests).
+/// Builds one `.clean` file for every segment a pass over `plan` rewrites,
+/// without installing it (tests).
 pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
-    let Some(idx) = index(plan, cancel)? else {
+    let Some(mut pass) = Pass::new(plan, cancel)? else {
         return Ok(None);
     };
-    let end = plan.segments.get(idx.covers).map_or(plan.end, |(b, _)| *b);
-    write_group(&plan.segments[..idx.covers], end, &idx, cancel)
+    match pass.build_group(0, pass.rewrite, cancel)? {
+        Written::Built(b) => Ok(Some(b)),
+        _ => Ok(None),
+    }
 }
 
 /// One group a clean put in place: `covers` segments from `base` replaced
@@ -473,14 +558,16 @@ pub struct Installed {
     pub base: u64,
     pub covers: usize,
     pub deletes_below: u64,
+    pub clean_to: u64,
     pub stats: CleanStats,
 }
 
 /// Why a clean stopped early.
 #[derive(Debug)]
 pub enum Stopped {
-    /// The log is unchanged where the clean did not reach (damage, the
-    /// memory bound): cleaning stops, the task goes on.
+    /// The log is unchanged where the clean did not reach (damage, a
+    /// memory bound too small for any index): cleaning stops, the task
+    /// goes on.
     Skipped(anyhow::Error),
     /// A write, fsync, rename or remove of the host's files failed: like
     /// any failed I/O of the log, the process stops.
@@ -488,26 +575,36 @@ pub enum Stopped {
     Cancelled,
 }
 
-/// What a clean did: the groups it installed, in order, then why it
+/// What a pass did: the groups it installed, in order, then why it
 /// stopped, if it did.
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub installed: Vec<Installed>,
     pub stopped: Option<Stopped>,
+    /// The most keys the pass's index could hold.
+    pub index_capacity: usize,
+    /// The plan's end.
+    pub end: u64,
 }
 
-/// Cleans `plan` group by group, in offset order: each group of
+/// One pass over `plan`, group by group, in offset order: each group of
 /// consecutive segments (at most `group_bytes` of them, or one) is
 /// rewritten and installed before the next is built, so a clean needs at
 /// most one group's bytes of extra disk. A crash between groups leaves the
 /// groups before it cleaned and those after it as they were: each key's
 /// latest record is still in the log (a record is dropped only for a later
-/// one of its key, in a group at or after its own), and a dropped delete's
-/// older puts were in the groups already cleaned.
+/// one of its key, in a group at or after its own), a dropped delete's
+/// older records were in the groups already cleaned, and each group's
+/// clean point is at most the pass's, so the log's (its last cleaned
+/// segment's) keeps the invariant.
 pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
-    let mut out = Outcome::default();
-    let idx = match index(plan, cancel) {
-        Ok(Some(idx)) => idx,
+    let mut out = Outcome {
+        index_capacity: index::capacity(plan.memory_bytes),
+        end: plan.end,
+        ..Outcome::default()
+    };
+    let mut pass = match Pass::new(plan, cancel) {
+        Ok(Some(pass)) => pass,
         Ok(None) => {
             out.stopped = Some(Stopped::Cancelled);
             return out;
@@ -517,7 +614,7 @@ pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
             return out;
         }
     };
-    let segments = &plan.segments[..idx.covers];
+    let segments = &plan.segments[..pass.rewrite];
     let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let mut start = 0;
     while start < segments.len() {
@@ -527,11 +624,9 @@ pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
             bytes += len(&segments[stop].1);
             stop += 1;
         }
-        let end = plan.segments.get(stop).map_or(plan.end, |(b, _)| *b);
-        let group = &segments[start..stop];
-        let built = match write_group(group, end, &idx, cancel) {
-            Ok(Some(b)) => b,
-            Ok(None) => {
+        let built = match pass.build_group(start, stop, cancel) {
+            Ok(Written::Built(b)) => b,
+            Ok(_) => {
                 out.stopped = Some(Stopped::Cancelled);
                 return out;
             }
@@ -544,7 +639,7 @@ pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
                 return out;
             }
         };
-        if let Err(e) = install(dir, group, &built) {
+        if let Err(e) = install(dir, &segments[start..stop], &built) {
             out.stopped = Some(Stopped::Io(e));
             return out;
         }
@@ -552,6 +647,7 @@ pub fn run(plan: &Plan, dir: &Path, cancel: &AtomicBool) -> Outcome {
             base: built.base,
             covers: built.covers,
             deletes_below: built.deletes_below,
+            clean_to: built.clean_to,
             stats: built.stats,
         });
         start = stop;
@@ -608,10 +704,10 @@ impl Background {
     /// log must stop (the next open sorts the segments out).
     pub fn join(self) -> Outcome {
         self.handle.join().unwrap_or_else(|_| Outcome {
-            installed: Vec::new(),
             stopped: Some(Stopped::Io(anyhow::anyhow!(
                 "the changelog cleaner thread panicked"
             ))),
+            ..Outcome::default()
         })
     }
 
@@ -620,239 +716,5 @@ impl Background {
     pub fn cancel(self) -> Outcome {
         self.cancel.store(true, Ordering::Relaxed);
         self.join()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::changelog::embedded::{CleanSettings, EmbeddedLog};
-    use crate::changelog::{Changelog, Record, Replayed};
-    use crate::config::CleanMode;
-    use std::collections::BTreeMap;
-
-    type State = BTreeMap<Vec<u8>, Vec<u8>>;
-
-    fn apply(state: &mut State, r: &Record) {
-        match r {
-            Record::Put(k, v) => state.insert(k.clone(), v.clone()),
-            Record::Delete(k) => state.remove(k),
-        };
-    }
-
-    /// A state at `from` brought forward by the log's replay from `from`.
-    fn replayed(dir: &Path, mut state: State, from: u64) -> State {
-        let mut log = EmbeddedLog::open(dir, SEGMENT).unwrap();
-        log.check_replayable(from).unwrap();
-        log.read_committed(from, &mut |item| {
-            if let Replayed::Record(r) = item {
-                apply(&mut state, &r);
-            }
-            Ok(())
-        })
-        .unwrap();
-        state
-    }
-
-    const SEGMENT: u64 = 400;
-
-    /// A seeded workload: transactions of puts and deletes over few keys,
-    /// in segments of 400 bytes, the log told after each commit that the
-    /// store committed there (or a few commits earlier). Returns the
-    /// states at each commit offset (the oracle).
-    fn write(dir: &Path, seed: u64, txns: usize, lag: usize) -> Vec<(u64, State)> {
-        let mut rng = crate::conformance::workload::Rng::new(seed);
-        let mut log = EmbeddedLog::open(dir, SEGMENT).unwrap();
-        log.set_cleaning(CleanSettings {
-            mode: CleanMode::Inline,
-            memory_bytes: 1 << 20,
-        });
-        let mut state = State::new();
-        let mut history = vec![(0, State::new())];
-        for t in 0..txns {
-            let n = 1 + rng.below(5);
-            let records: Vec<Record> = (0..n)
-                .map(|_| {
-                    let key = vec![b'k', rng.below(8) as u8];
-                    if rng.chance(30) {
-                        Record::Delete(key)
-                    } else {
-                        Record::Put(key, vec![t as u8; rng.below(40) as usize])
-                    }
-                })
-                .collect();
-            records.iter().for_each(|r| apply(&mut state, r));
-            log.append(&records).unwrap();
-            let offset = log.commit(t as u64 + 1, None).unwrap();
-            history.push((offset, state.clone()));
-            let durable = history[history.len().saturating_sub(1 + lag)].0;
-            log.store_committed(durable).unwrap();
-        }
-        history
-    }
-
-    /// After cleaning, a replay from the start, or from any commit offset
-    /// a store may still be at, ends in the log's final state.
-    #[test]
-    fn a_cleaned_log_replays_to_the_same_state_from_every_start() {
-        for seed in 0..40 {
-            let dir = tempfile::tempdir().unwrap();
-            let history = write(dir.path(), seed, 300, (seed % 4) as usize);
-            let last = history.last().unwrap().1.clone();
-            let log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
-            let kept_from = log.deletes_kept_from();
-            let segments = log.segments().count();
-            drop(log);
-            assert!(kept_from > 0, "seed {seed}: nothing was cleaned");
-            assert!(
-                segments < 12,
-                "seed {seed}: {segments} segments after cleaning"
-            );
-            assert_eq!(
-                replayed(dir.path(), State::new(), 0),
-                last,
-                "seed {seed} from 0"
-            );
-            for (offset, state) in history.iter().filter(|(o, _)| *o >= kept_from) {
-                assert_eq!(
-                    replayed(dir.path(), state.clone(), *offset),
-                    last,
-                    "seed {seed}: replay from {offset} (deletes kept from {kept_from})"
-                );
-            }
-        }
-    }
-
-    /// Disk use follows the live state: after `compact`, one cleaned
-    /// segment holding each live key once (and the empty active one).
-    #[test]
-    fn clean_now_keeps_one_record_per_live_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let history = write(dir.path(), 7, 500, 0);
-        let (end, last) = history.last().unwrap().clone();
-        let mut log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
-        let stats = log.clean_now(end).unwrap().expect("something to clean");
-        assert_eq!(stats.records_kept, last.len() as u64, "{stats:?}");
-        // Frames of the live entries, a header and a commit per segment.
-        let live: u64 = last
-            .iter()
-            .map(|(k, v)| 26 + (k.len() + v.len()) as u64)
-            .sum();
-        let segments: Vec<PathBuf> = log.segments().map(Path::to_path_buf).collect();
-        let bytes: u64 = segments
-            .iter()
-            .map(|p| std::fs::metadata(p).unwrap().len())
-            .sum();
-        assert!(
-            bytes <= live + 70 * segments.len() as u64,
-            "{bytes} bytes for {live} live"
-        );
-        assert_eq!(
-            std::fs::metadata(segments.last().unwrap()).unwrap().len(),
-            0
-        );
-        drop(log);
-        assert_eq!(replayed(dir.path(), State::new(), 0), last);
-        assert_eq!(replayed(dir.path(), last.clone(), end), last);
-        // Nothing more to drop: a second compact rewrites the same records.
-        let mut log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
-        let again = log.clean_now(end).unwrap().unwrap();
-        assert_eq!(again.records_kept, stats.records_kept);
-        assert_eq!(log.end_offset(), end);
-    }
-
-    /// A crash before the clean's commit point leaves the old segments
-    /// (the built file is dropped at open); one after it leaves the
-    /// cleaned segment, and open removes the segments it covers. Either
-    /// way the log replays to the same state.
-    #[test]
-    fn an_interrupted_install_leaves_one_segment_set() {
-        for after_rename in [false, true] {
-            let dir = tempfile::tempdir().unwrap();
-            let mut log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
-            let mut state = State::new();
-            for t in 0..60u64 {
-                let r = Record::Put(vec![b'k', (t % 5) as u8], vec![t as u8; 30]);
-                apply(&mut state, &r);
-                log.append(&[r]).unwrap();
-                log.commit(t + 1, None).unwrap();
-            }
-            let end = log.end_offset();
-            let segments: Vec<(u64, PathBuf)> = log
-                .segments()
-                .map(|p| {
-                    let base = p.file_stem().unwrap().to_str().unwrap().parse().unwrap();
-                    (base, p.to_path_buf())
-                })
-                .collect();
-            drop(log);
-            let sealed = segments[..segments.len() - 1].to_vec();
-            let plan = Plan {
-                end: segments.last().unwrap().0,
-                segments: sealed.clone(),
-                deletes_below: end,
-                memory_bytes: 1 << 20,
-                group_bytes: u64::MAX,
-            };
-            let built = build(&plan, &AtomicBool::new(false)).unwrap().unwrap();
-            assert_eq!(built.covers, sealed.len());
-            if after_rename {
-                std::fs::remove_file(sealed[0].1.with_extension("seal")).unwrap();
-                std::fs::rename(&built.file, &sealed[0].1).unwrap();
-            }
-            let log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
-            let now = log.segments().count();
-            assert_eq!(
-                now,
-                if after_rename { 2 } else { segments.len() },
-                "after_rename {after_rename}"
-            );
-            assert!(!built.file.exists());
-            assert_eq!(log.end_offset(), end);
-            drop(log);
-            assert_eq!(replayed(dir.path(), State::new(), 0), state);
-        }
-    }
-
-    /// Past the index's memory bound, a clean covers only the segments it
-    /// indexed whole, and what it covers still replays exactly.
-    #[test]
-    fn the_memory_bound_shortens_a_clean() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = EmbeddedLog::open(dir.path(), SEGMENT).unwrap();
-        let mut state = State::new();
-        for t in 0..200u64 {
-            let r = Record::Put(format!("key-{t:04}").into_bytes(), vec![1; 20]);
-            apply(&mut state, &r);
-            log.append(&[r]).unwrap();
-            log.commit(t + 1, None).unwrap();
-        }
-        let segments: Vec<(u64, PathBuf)> = log
-            .segments()
-            .map(|p| {
-                (
-                    p.file_stem().unwrap().to_str().unwrap().parse().unwrap(),
-                    p.to_path_buf(),
-                )
-            })
-            .collect();
-        drop(log);
-        let plan = Plan {
-            end: segments.last().unwrap().0,
-            segments: segments[..segments.len() - 1].to_vec(),
-            deletes_below: 0,
-            memory_bytes: 30 * (8 + INDEX_OVERHEAD),
-            group_bytes: u64::MAX,
-        };
-        let built = build(&plan, &AtomicBool::new(false)).unwrap().unwrap();
-        assert!(
-            built.covers >= 1 && built.covers < plan.segments.len(),
-            "covers {}",
-            built.covers
-        );
-        assert_eq!(built.last.offset, plan.segments[built.covers].0);
-        std::fs::remove_file(plan.segments[0].1.with_extension("seal")).unwrap();
-        std::fs::rename(&built.file, &plan.segments[0].1).unwrap();
-        assert_eq!(replayed(dir.path(), State::new(), 0), state);
     }
 }

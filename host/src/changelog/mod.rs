@@ -13,10 +13,10 @@ pub mod kafka;
 
 pub use clean::CleanStats;
 pub use embedded::EmbeddedLog;
-pub use kafka::KafkaLog;
+pub use kafka::{KafkaLog, KafkaSettings};
 
-use crate::config::{ChangelogKind, Config};
-use anyhow::Result;
+use crate::config::{ChangelogKind, Config, OutputSpec};
+use anyhow::{bail, Result};
 
 /// A changelog as a config names it, with what opening it had to repair.
 pub struct Opened {
@@ -41,9 +41,55 @@ pub fn open(config: &Config) -> Result<Opened> {
             }
         }
         ChangelogKind::Kafka => Opened {
-            log: Box::new(KafkaLog::open(&config.kafka()?)?),
+            log: Box::new(KafkaLog::open(&kafka_settings(config)?)?),
             truncated_bytes: 0,
         },
+    })
+}
+
+/// The Kafka changelog's settings `config` names, with defaults filled in.
+pub fn kafka_settings(config: &Config) -> Result<KafkaSettings> {
+    let c = &config.changelog;
+    let Some(bootstrap) = c.bootstrap_servers.clone() else {
+        bail!("changelog.kind = \"kafka\" needs changelog.bootstrap_servers");
+    };
+    let topic = config.kafka_topic();
+    let transactional_id = c
+        .transactional_id
+        .clone()
+        .unwrap_or_else(|| format!("txstore-{topic}-{}", c.partition));
+    // A Kafka input's positions are committed as Kafka Streams does:
+    // the input partition's offset in the input's group, so the group's
+    // lag shows in Kafka's own tools.
+    let (group_id, offsets) = match (config.kafka_input(), config.partition_task) {
+        (Some(input), Some(p)) => (
+            input.group_id.clone().unwrap_or_else(|| format!("txstore-{}", config.store.name)),
+            (input.topic.clone(), p),
+        ),
+        _ => (
+            c.group_id.clone().unwrap_or_else(|| transactional_id.clone()),
+            (topic.clone(), c.partition),
+        ),
+    };
+    Ok(KafkaSettings {
+        bootstrap_servers: bootstrap,
+        group_id,
+        partition: c.partition,
+        transactional_id,
+        create_topic: c.create_topic,
+        topic_partitions: c.topic_partitions.unwrap_or(c.partition + 1),
+        replication_factor: c.replication_factor,
+        timeout: std::time::Duration::from_millis(c.timeout_ms),
+        properties: c.properties.clone(),
+        output_topic: match &config.task.output {
+            Some(OutputSpec::Kafka { topic }) => Some(topic.clone()),
+            _ => None,
+        },
+        min_insync_replicas: c.min_insync_replicas,
+        min_compaction_lag_ms: c.min_compaction_lag_ms,
+        offsets_topic: offsets.0,
+        offsets_partition: offsets.1,
+        topic,
     })
 }
 
@@ -144,5 +190,38 @@ pub trait Changelog: Send {
     /// The committed end offset (0 for an empty log).
     fn end_offset(&self) -> u64 {
         self.last_commit().map_or(0, |c| c.offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn kafka_settings_fill_in_defaults() {
+        let base = "[store]\nname = \"wc\"\nguest = \"g\"\nstate_dir = \"s\"\n";
+        let kafka = "[changelog]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n";
+        let parse = |extra: &str| Config::parse(&format!("{base}{extra}"), "c.toml", Path::new("/etc")).unwrap();
+        let c = parse(&format!("{kafka}partition = 3\n"));
+        let k = kafka_settings(&c).unwrap();
+        assert_eq!(k.topic, "wc-changelog");
+        assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
+        assert_eq!(k.group_id, k.transactional_id);
+        assert_eq!(k.topic_partitions, 4);
+        assert_eq!((k.offsets_topic.as_str(), k.offsets_partition), ("wc-changelog", 3));
+        // A Kafka input's partition task: positions go to the input's group.
+        let c = parse(&format!(
+            "[task]\nthreads = 2\noutput = {{ kind = \"kafka\", topic = \"out\" }}\n\
+             input = {{ kind = \"kafka\", topic = \"in\" }}\n{kafka}"
+        ));
+        let p3 = c.for_partition(3, 6);
+        assert_eq!(p3.state_dir(), PathBuf::from("/etc/s/wc-3"));
+        let k = kafka_settings(&p3).unwrap();
+        assert_eq!((k.topic.as_str(), k.partition, k.topic_partitions), ("wc-changelog", 3, 6));
+        assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
+        assert_eq!(k.output_topic.as_deref(), Some("out"));
+        assert_eq!(k.group_id, "txstore-wc");
+        assert_eq!((k.offsets_topic.as_str(), k.offsets_partition), ("in", 3));
     }
 }

@@ -34,6 +34,35 @@ pub struct Cli {
     /// storage-write, storage-read (also `TXSTORE_IO_ERROR`).
     #[arg(long, global = true, value_name = "KIND:N")]
     io_error: Option<String>,
+    /// For a config whose input is a Kafka topic: the input partition whose
+    /// store a store command (get, scan, put, delete, recover, compact,
+    /// migrate) works on, under that partition's lock.
+    #[arg(long, global = true, value_name = "P")]
+    partition: Option<i32>,
+}
+
+/// `--partition`, for the store commands.
+static PARTITION: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+
+/// The config of the store a store command works on: the config's own, or
+/// for a Kafka input the store of the partition `--partition` names.
+fn load_store(config_path: &Path) -> Result<Config> {
+    let config = Config::load(config_path)?;
+    let partition = PARTITION.get().copied().flatten();
+    match (config.kafka_input().is_some(), partition) {
+        (true, Some(p)) if p >= 0 => {
+            let mut c = config.for_partition(p, p + 1);
+            // A query never creates a topic.
+            c.changelog.create_topic = false;
+            Ok(c)
+        }
+        (true, Some(p)) => anyhow::bail!("--partition {p}: a partition is a number from 0"),
+        (false, Some(_)) => anyhow::bail!(
+            "--partition is for a config whose input is a Kafka topic; {} has one store",
+            config_path.display()
+        ),
+        (_, None) => Ok(config),
+    }
 }
 
 #[derive(Subcommand)]
@@ -66,8 +95,11 @@ enum Command {
     /// Read one key and print its value (answered by the running task
     /// while `txstore run` processes the store).
     Get {
-        /// The key (its UTF-8 bytes).
+        /// The key (its UTF-8 bytes, or hex digits with --hex).
         key: String,
+        /// The key is given in hex (for keys that are not text).
+        #[arg(long)]
+        hex: bool,
         /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
@@ -114,18 +146,24 @@ enum Command {
     },
     /// Write one key (one committed transaction).
     Put {
-        /// The key (its UTF-8 bytes).
+        /// The key (its UTF-8 bytes, or hex digits with --hex).
         key: String,
-        /// The value (its UTF-8 bytes).
+        /// The value (its UTF-8 bytes, or hex digits with --hex).
         value: String,
+        /// The key and value are given in hex.
+        #[arg(long)]
+        hex: bool,
         /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
     },
     /// Delete one key (one committed transaction).
     Delete {
-        /// The key (its UTF-8 bytes).
+        /// The key (its UTF-8 bytes, or hex digits with --hex).
         key: String,
+        /// The key is given in hex.
+        #[arg(long)]
+        hex: bool,
         /// The config file that names the store.
         #[arg(long, short)]
         config: PathBuf,
@@ -371,18 +409,40 @@ fn parse_option(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("`{s}` is not key=value"))
 }
 
+/// A key or value from the command line: its UTF-8 bytes, or with `hex`
+/// the bytes its hex digits spell.
+fn arg_bytes(what: &str, text: &str, hex: bool) -> Result<Vec<u8>> {
+    if !hex {
+        return Ok(text.as_bytes().to_vec());
+    }
+    let digits = text.as_bytes();
+    anyhow::ensure!(
+        digits.len() % 2 == 0,
+        "the {what} `{text}` is not hex: an odd number of digits"
+    );
+    digits
+        .chunks(2)
+        .map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+                .with_context(|| format!("the {what} `{text}` is not hex"))
+        })
+        .collect()
+}
+
 fn runtime_for(config: &Config) -> Result<Runtime> {
     Runtime::new(config.cache_dir())
 }
 
 /// The answer of the task running on the store, if one is running.
 fn live(config_path: &PathBuf, request: &serve::Request) -> Result<Option<serve::Answer>> {
-    let config = Config::load(config_path)?;
+    let config = load_store(config_path)?;
     serve::ask(&config.state_dir(), request)
 }
 
 fn open(config_path: &Path) -> Result<(Task, RecoveryReport)> {
-    let config = Config::load(config_path)?;
+    let config = load_store(config_path)?;
     let runtime = runtime_for(&config)?;
     Ok(Task::open(&config, &runtime)?)
 }
@@ -407,6 +467,7 @@ fn print_figures(
 }
 
 pub fn main(cli: Cli) -> Result<()> {
+    let _ = PARTITION.set(cli.partition);
     if let Command::Conformance {
         guests,
         all,
@@ -591,16 +652,18 @@ pub fn main(cli: Cli) -> Result<()> {
         }
         Command::Get {
             key,
+            hex,
             config,
             isolation,
             format,
         } => {
-            let request = serve::Request::get(key.as_bytes(), isolation.into());
+            let key = arg_bytes("key", &key, hex)?;
+            let request = serve::Request::get(&key, isolation.into());
             let value = match live(&config, &request)? {
                 Some(answer) => answer.into_value()?,
                 None => {
                     let (mut task, _) = open(&config)?;
-                    let value = task.get(key.as_bytes(), isolation.into())?;
+                    let value = task.get(&key, isolation.into())?;
                     task.close()?;
                     value
                 }
@@ -611,7 +674,7 @@ pub fn main(cli: Cli) -> Result<()> {
                     output::write_value(&mut out, format, &v)?;
                     out.flush()?;
                 }
-                None => anyhow::bail!("key {} not found", output::escape(key.as_bytes())),
+                None => anyhow::bail!("key {} not found", crate::tsv::escape(&key)),
             }
             Ok(())
         }
@@ -629,43 +692,60 @@ pub fn main(cli: Cli) -> Result<()> {
                 from.as_deref().map(str::as_bytes),
                 to.as_deref().map(str::as_bytes),
             );
-            let request = serve::Request::scan(from, to, limit, isolation.into());
-            let entries = match live(&config, &request)? {
-                Some(answer) => answer.into_entries()?,
-                None => {
-                    let (mut task, _) = open(&config)?;
-                    let entries = task.store().range_up_to(
-                        from,
-                        to,
-                        isolation.into(),
-                        limit.unwrap_or(usize::MAX),
-                    )?;
-                    task.close()?;
-                    entries
-                }
-            };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut counted = 0usize;
+            let shape = output::Shape { keys_only };
+            // Lines go out page by page; JSON is one array, written at the end.
+            let json = matches!(format, output::Format::Json);
+            let mut held = Vec::new();
+            let mut each = |mut entries: Vec<(Vec<u8>, Vec<u8>)>| -> Result<()> {
+                counted += entries.len();
+                if json && !count {
+                    held.append(&mut entries);
+                } else if !count {
+                    output::write_entries(&mut out, format, shape, &entries)?;
+                }
+                Ok(())
+            };
+            let state_dir = load_store(&config)?.state_dir();
+            let live = serve::ask_scan(&state_dir, from, to, limit, isolation.into(), &mut each)?;
+            if !live {
+                let (mut task, _) = open(&config)?;
+                let mut failed = Ok(());
+                task.store().range_pages(from, to, isolation.into(), limit.unwrap_or(usize::MAX), |page| {
+                    if failed.is_ok() {
+                        failed = each(page);
+                    }
+                })?;
+                failed?;
+                task.close()?;
+            }
             if count {
-                writeln!(out, "{}", entries.len())?;
-            } else {
-                output::write_entries(&mut out, format, output::Shape { keys_only }, &entries)?;
+                writeln!(out, "{counted}")?;
+            } else if json {
+                output::write_entries(&mut out, format, shape, &held)?;
             }
             out.flush()?;
             Ok(())
         }
-        Command::Put { key, value, config } => {
+        Command::Put {
+            key,
+            value,
+            hex,
+            config,
+        } => {
+            let record =
+                crate::changelog::Record::Put(arg_bytes("key", &key, hex)?, arg_bytes("value", &value, hex)?);
             let (mut task, _) = open(&config)?;
-            task.write(&[crate::changelog::Record::Put(
-                key.into_bytes(),
-                value.into_bytes(),
-            )])?;
+            task.write(&[record])?;
             task.commit()?;
             task.close()?;
             Ok(())
         }
-        Command::Delete { key, config } => {
+        Command::Delete { key, hex, config } => {
+            let record = crate::changelog::Record::Delete(arg_bytes("key", &key, hex)?);
             let (mut task, _) = open(&config)?;
-            task.write(&[crate::changelog::Record::Delete(key.into_bytes())])?;
+            task.write(&[record])?;
             task.commit()?;
             task.close()?;
             Ok(())
@@ -676,7 +756,7 @@ pub fn main(cli: Cli) -> Result<()> {
             options,
             json,
         } => {
-            let config = Config::load(&config_path)?;
+            let config = load_store(&config_path)?;
             let runtime = runtime_for(&config)?;
             let Some(r) = crate::task::migrate::migrate(&config, &runtime, &to, &options)? else {
                 println!(
@@ -763,7 +843,7 @@ fn changelog_size(dir: &Path) -> (u64, u64) {
 }
 
 fn compact(config_path: &Path, json: bool) -> Result<()> {
-    let config = Config::load(config_path)?;
+    let config = load_store(config_path)?;
     let dir = config.changelog_dir();
     let started = std::time::Instant::now();
     let (mut task, _) = open(config_path)?;
@@ -780,22 +860,53 @@ fn compact(config_path: &Path, json: bool) -> Result<()> {
             "clean": stats, "seconds": seconds,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
+        if stats.is_some_and(|s| s.clean_to < s.log_end) {
+            anyhow::bail!(
+                "changelog.clean_memory_bytes = {} could not cover the whole log",
+                config.changelog.clean_memory_bytes
+            );
+        }
         return Ok(());
     }
-    match stats {
-        None => println!("changelog {}: nothing to clean ({} bytes)", dir.display(), before.1),
-        Some(s) => println!(
-            "changelog {}: {} segments, {} bytes -> {} segments, {} bytes; kept {} of {} records, dropped {} \
-             deletes, in {seconds:.2} s",
+    let Some(s) = stats else {
+        println!(
+            "changelog {}: nothing to clean ({} bytes)",
             dir.display(),
-            before.0,
-            before.1,
-            after.0,
-            after.1,
-            s.records_kept,
-            s.records_in,
-            s.deletes_dropped
-        ),
+            before.1
+        );
+        return Ok(());
+    };
+    println!(
+        "changelog {}: {} segments, {} bytes -> {} segments, {} bytes; kept {} of {} records, dropped {} \
+         deletes, {} pass{}, in {seconds:.2} s",
+        dir.display(),
+        before.0,
+        before.1,
+        after.0,
+        after.1,
+        s.records_kept,
+        s.records_in,
+        s.deletes_dropped,
+        s.passes,
+        if s.passes == 1 { "" } else { "es" }
+    );
+    // The key index is bounded: say when one pass could not hold the log.
+    let memory = config.changelog.clean_memory_bytes;
+    if s.clean_to < s.log_end {
+        anyhow::bail!(
+            "changelog.clean_memory_bytes = {memory} (an index of {} keys) could not cover the whole log: \
+             offsets {}..{} are not cleaned",
+            s.index_capacity,
+            s.clean_to,
+            s.log_end
+        );
+    }
+    if s.passes > 1 {
+        println!(
+            "changelog.clean_memory_bytes = {memory} holds {} keys, fewer than the log's: one pass could not \
+             cover the whole log, {} passes did",
+            s.index_capacity, s.passes
+        );
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! `txstore run`: feeds an input file through the task, one line a record,
 //! resuming where the changelog says the last run committed. After a guest
 //! trap or limit breach it can restart from recovery (config
-//! `task.restarts_on_guest_failure`).
+//! `task.restarts_on_guest_failure`). SIGTERM or SIGINT stops it cleanly
+//! between records (commit, checkpoint, exit 0), as for a Kafka input: a
+//! service stop is not a crash.
 
 use crate::config::Config;
 use crate::crash;
@@ -31,6 +33,8 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
     }
     let runtime = Runtime::new(config.cache_dir())?;
     let started = Instant::now();
+    // Before the open: a signal during recovery stops at the first record.
+    let stop = stop_on_signals();
     let (mut task, first_report) = open(&config, &runtime, json)?;
     // Opened after the task, which holds the state directory's lock.
     let server = match QueryServer::bind(&config.state_dir()) {
@@ -42,9 +46,9 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
     };
     let mut done = TaskStats::default();
     let mut restarts = 0;
-    loop {
-        match crate::task::feed::feed(&mut task, &input, server.as_ref(), true) {
-            Ok(()) => break,
+    let stopped = loop {
+        match crate::task::feed::feed_until(&mut task, &input, server.as_ref(), true, Some(stop)) {
+            Ok(stopped) => break stopped,
             Err(e) if is_guest_failure(&e) && restarts < config.task.restarts_on_guest_failure => {
                 restarts += 1;
                 eprintln!(
@@ -59,10 +63,17 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
             }
             Err(e) => return Err(e),
         }
-    }
+    };
     let peak_memory = task.guest_peak_memory_bytes();
+    let position = task.input_position();
     let mut stats = task.close()?;
     crash::step("after-close");
+    if stopped {
+        eprintln!(
+            "txstore: stopped on a signal at input position {position} (committed and checkpointed: a restart \
+             resumes there)"
+        );
+    }
     stats.add(&done);
     let secs = started.elapsed().as_secs_f64();
     if json {
@@ -71,7 +82,7 @@ pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<
         println!(
             "{}",
             serde_json::json!({"recovery": first_report, "stats": stats, "seconds": secs, "storage_calls": calls,
-                "guest_peak_memory_bytes": peak_memory, "restarts": restarts})
+                "guest_peak_memory_bytes": peak_memory, "restarts": restarts, "stopped_on_signal": stopped})
         );
     } else {
         println!(

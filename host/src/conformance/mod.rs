@@ -889,7 +889,7 @@ pub fn check_guest(
                     }
                 }
             } else {
-                let mut rng = workload::Rng::new(r.case.seed);
+                let mut rng = crate::rng::Rng::new(r.case.seed);
                 for _ in 0..opts.random_points.min(points.len()) {
                     let (p, _) = &points[rng.below(points.len() as u64) as usize];
                     cases.push((

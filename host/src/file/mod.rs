@@ -1,7 +1,9 @@
 //! The file layer: every file the host writes itself (changelog segments,
-//! seals, checkpoint, lock files) goes through here, so that tests can
-//! inject I/O errors ([`crate::fault`]) and simulate a machine crash
-//! ([`power`]). RocksDB's files are RocksDB's own and do not.
+//! seals, checkpoint, lock files) and every directory operation on the
+//! host's directories (snapshot and migration directories included) goes
+//! through here, so that tests can inject I/O errors ([`crate::fault`])
+//! and simulate a machine crash ([`power`]). RocksDB's files are RocksDB's
+//! own and do not.
 //!
 //! Each call does what `std::fs` does and names the path in its error. In
 //! a power simulation the layer also tells the journal what became durable:
@@ -156,6 +158,14 @@ pub fn remove_file(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes a directory and everything in it (durable only after
+/// [`sync_dir`] of the parent).
+pub fn remove_dir_all(dir: &Path) -> io::Result<()> {
+    std::fs::remove_dir_all(dir).map_err(|e| named(e, "cannot remove", dir))?;
+    power::on_remove_dir(dir);
+    Ok(())
+}
+
 /// fsyncs a directory: its entries (creates, renames, removes) are durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     if let Some(f) = fault::hit(Class::Fsync) {
@@ -182,6 +192,9 @@ pub fn create_dir_all(dir: &Path) -> io::Result<()> {
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| named(e, "cannot create directory", dir))?;
+    for created in missing.iter().rev() {
+        power::on_create_dir(created);
+    }
     for created in missing.iter().rev() {
         let parent = match created.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,

@@ -2,35 +2,52 @@
 //! RocksDB's FaultInjectionTestFS and of ALICE/CrashMonkey.
 //!
 //! In test mode the file layer keeps a journal beside the state directory
-//! (`{state}.power/`) of what fsync made durable: per file, its content at
-//! its last fsync (a shadow copy); per directory, its entries at its last
-//! fsync; and whether the state directory's own entry in its parent is
-//! durable. The journal lives in files, so it spans processes: a process
-//! that aborted (page cache kept) leaves unsynced bytes that the next
-//! process may read, and a later power loss still drops them unless
+//! (`{state}.power/`) of what fsync made durable. Files and directories
+//! are nodes with an id that a rename keeps. Per file: its content at its
+//! last fsync (a shadow copy). Per directory: its entries (name -> node)
+//! at its last fsync. And whether the state directory's own entry in its
+//! parent is durable. The journal lives in files, so it spans processes:
+//! a process that aborted (page cache kept) leaves unsynced bytes that the
+//! next process may read, and a later power loss still drops them unless
 //! someone fsynced them in between.
 //!
-//! [`power_loss`] rolls the state back to the journal: every directory to
-//! its durable entries (unsynced creates, renames and removes undone), and
-//! every file to its durable content. With a seed, it also chooses what
-//! the hardware may have kept besides: the file's new length or its old
-//! one, and for each 4 KiB page written since the fsync its new content or
-//! its old one (the durable bytes, zeros past them): a torn, reordered
-//! write. Bytes an fsync covered are never lost. Directory
-//! operations are always undone (no seed keeps an unsynced rename).
+//! A rename, of a file or of a directory, is one operation: durable once
+//! either directory it touches is fsynced (both its sides then are, as a
+//! journaling file system commits them together); until then it is
+//! pending. A directory's contents belong to its node, not to its name: a
+//! directory renamed into place and made durable keeps what is durable in
+//! it, and one whose rename is undone goes back with all of it.
 //!
-//! What is assumed: the disk honours fsync; a page is written whole or
-//! not at all (sector tearing inside a page is not modelled); RocksDB's
-//! files (`{state}/store`) are RocksDB's business, and storage power loss
-//! is simulated by [`crate::storage::power`] instead. A changelog placed
-//! outside the state directory is not covered.
+//! [`power_loss`] rolls the state back to the journal: the tree the
+//! durable entries describe (unsynced creates, renames and removes
+//! undone, directories moved back with their contents), every file with
+//! its durable content. With a seed, it also chooses what the hardware may
+//! have kept besides: a prefix of the pending renames (in order, each
+//! whole: the new name may or may not exist), each file's new length or
+//! its old one, and for each 4 KiB page written since the fsync its new
+//! content or its old one (the durable bytes, zeros past them): a torn,
+//! reordered write. Bytes an fsync covered are never lost.
+//!
+//! What is assumed: the disk honours fsync; a page is written whole or not
+//! at all (sector tearing inside a page is not modelled). RocksDB's files
+//! are RocksDB's business, as [`crate::storage::power`] assumes: in a
+//! store's directory (`store/`, a migration's `migrate-*/store/` and the
+//! old store moved aside, `migrate-old/`) the database (`db/`) and anything
+//! else the layer did not create (the files RocksDB exports into a
+//! snapshot) are kept as they are, wherever the directory holding them
+//! ends up; what the host writes there (snapshot directories, their
+//! index, the restore marker) is simulated like any host file. Storage
+//! power loss is simulated by [`crate::storage::power`]. A changelog
+//! placed outside the state directory is not covered.
 //!
 //! Test mode starts when a power crash is armed or when
 //! `TXSTORE_POWER_SIM=1` is set, and then continues in every process that
 //! finds the journal. Nothing here runs otherwise.
 
-use crate::conformance::workload::Rng;
-use crate::crash::PowerReport;
+mod loss;
+
+pub use loss::power_loss;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -39,8 +56,29 @@ use std::sync::Mutex;
 pub const ENV: &str = "TXSTORE_POWER_SIM";
 /// The page size of the torn-write model.
 pub const PAGE: usize = 4096;
-/// Subdirectories of the state directory that the layer does not own.
-const EXCLUDED: &[&str] = &["store"];
+
+/// A file or directory, by an id that renames keep.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+enum Node {
+    File(u64),
+    Dir(u64),
+}
+
+/// A rename no fsync has made durable yet: `node` moved from entry
+/// `from` of directory `from_dir` to entry `to` of directory `to_dir`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Rename {
+    node: Node,
+    from_dir: u64,
+    from: String,
+    to_dir: u64,
+    to: String,
+}
+
+/// Durable entries of each directory, by directory id.
+type Durable = BTreeMap<u64, BTreeMap<String, Node>>;
 
 /// What the layer knows is durable. Paths are relative to the root, `/`
 /// separated; the root directory itself is "".
@@ -49,12 +87,32 @@ struct State {
     next_id: u64,
     /// The root's entry in its parent survived an fsync of the parent.
     root_durable: bool,
-    /// Files as they are now: path -> file id (stable across renames).
-    live: BTreeMap<String, u64>,
-    /// Durable entries per directory: name -> file id, or None for a directory.
-    durable: BTreeMap<String, BTreeMap<String, Option<u64>>>,
+    /// The root directory's id.
+    root: u64,
+    /// Tracked nodes as they are now: path -> node.
+    live: BTreeMap<String, Node>,
+    /// Durable entries per directory (at its last fsync).
+    durable: Durable,
     /// Files whose durable content is a shadow copy (others: empty).
     shadows: BTreeSet<u64>,
+    /// Renames not yet durable, oldest first.
+    pending: Vec<Rename>,
+}
+
+impl State {
+    fn new_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// The id of the tracked directory at `rel`.
+    fn dir_id(&self, rel: &str) -> Option<u64> {
+        match self.live.get(rel) {
+            Some(Node::Dir(id)) => Some(*id),
+            _ => None,
+        }
+    }
 }
 
 struct Journal {
@@ -85,6 +143,12 @@ pub fn attach(root: &Path) {
     if !dir.exists() && !wanted {
         return;
     }
+    start(root, dir);
+}
+
+/// Tracks `root` with the journal in `dir` (read, or started from what is
+/// on disk now).
+fn start(root: PathBuf, dir: PathBuf) {
     let mut guard = JOURNAL.lock().unwrap_or_else(|e| e.into_inner());
     if guard.as_ref().is_some_and(|j| j.root == root) {
         return;
@@ -101,19 +165,53 @@ pub fn attach(root: &Path) {
     *guard = Some(j);
 }
 
-/// Everything on disk now counts as durable.
+/// A directory that holds a RocksDB database (`db`) beside the host's
+/// snapshot areas: the store's, a migration's new one, the old one moved
+/// aside.
+fn store_dir(rel: &str) -> bool {
+    rel == "store"
+        || rel == "migrate-old"
+        || rel
+            .split_once('/')
+            .is_some_and(|(m, s)| m.starts_with("migrate-") && s == "store")
+}
+
+/// Inside a store's directory (not the directory itself).
+fn in_store(rel: &str) -> bool {
+    let mut p = rel;
+    while let Some((parent, _)) = p.rsplit_once('/') {
+        if store_dir(parent) {
+            return true;
+        }
+        p = parent;
+    }
+    false
+}
+
+/// A RocksDB database: `db` in a store's directory.
+fn database(rel: &str) -> bool {
+    match rel.rsplit_once('/') {
+        Some((parent, name)) => name == "db" && store_dir(parent),
+        None => false,
+    }
+}
+
+/// Everything on disk now counts as durable (RocksDB's databases aside).
 fn baseline(root: &Path, journal: &Path) -> State {
     let mut state = State {
         root_durable: root.exists(),
         ..State::default()
     };
+    state.root = state.new_id();
+    state.live.insert(String::new(), Node::Dir(state.root));
     if state.root_durable {
-        walk_baseline(root, "", journal, &mut state);
+        let id = state.root;
+        walk_baseline(root, "", id, journal, &mut state);
     }
     state
 }
 
-fn walk_baseline(root: &Path, rel: &str, journal: &Path, state: &mut State) {
+fn walk_baseline(root: &Path, rel: &str, id: u64, journal: &Path, state: &mut State) {
     let mut entries = BTreeMap::new();
     let Ok(list) = std::fs::read_dir(root.join(rel)) else {
         return;
@@ -121,24 +219,24 @@ fn walk_baseline(root: &Path, rel: &str, journal: &Path, state: &mut State) {
     for entry in list.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         let child = join(rel, &name);
-        if excluded(&child) {
-            entries.insert(name, None);
+        if database(&child) {
             continue;
         }
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            entries.insert(name, None);
-            walk_baseline(root, &child, journal, state);
+        let node = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let d = state.new_id();
+            walk_baseline(root, &child, d, journal, state);
+            Node::Dir(d)
         } else {
-            let id = state.next_id;
-            state.next_id += 1;
+            let f = state.new_id();
             let content = std::fs::read(entry.path()).unwrap_or_default();
-            std::fs::write(journal.join(format!("shadow-{id}")), content).expect("shadow write");
-            state.shadows.insert(id);
-            state.live.insert(child, id);
-            entries.insert(name, Some(id));
-        }
+            std::fs::write(journal.join(format!("shadow-{f}")), content).expect("shadow write");
+            state.shadows.insert(f);
+            Node::File(f)
+        };
+        state.live.insert(child, node);
+        entries.insert(name, node);
     }
-    state.durable.insert(rel.to_string(), entries);
+    state.durable.insert(id, entries);
 }
 
 fn join(rel: &str, name: &str) -> String {
@@ -149,10 +247,39 @@ fn join(rel: &str, name: &str) -> String {
     }
 }
 
-fn excluded(rel: &str) -> bool {
-    EXCLUDED
-        .iter()
-        .any(|e| rel == *e || rel.starts_with(&format!("{e}/")))
+/// The parent directory and name of `rel` (not the root).
+fn split(rel: &str) -> (&str, &str) {
+    rel.rsplit_once('/').unwrap_or(("", rel))
+}
+
+/// Whether `path` is `prefix` or inside it.
+fn within(path: &str, prefix: &str) -> bool {
+    path == prefix
+        || prefix.is_empty()
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+/// Applies the side of `r` in directory `dir` to `durable`: `r.from`
+/// leaves it, `r.to` enters it.
+fn apply_side(durable: &mut Durable, r: &Rename, dir: u64) {
+    if r.from_dir == dir {
+        if let Some(entries) = durable.get_mut(&dir) {
+            if entries.get(&r.from) == Some(&r.node) {
+                entries.remove(&r.from);
+            }
+        }
+    }
+    if r.to_dir == dir {
+        durable.entry(dir).or_default().insert(r.to.clone(), r.node);
+    }
+}
+
+/// Applies the whole of `r` to `durable`.
+fn apply_rename(durable: &mut Durable, r: &Rename) {
+    apply_side(durable, r, r.from_dir);
+    if r.to_dir != r.from_dir {
+        apply_side(durable, r, r.to_dir);
+    }
 }
 
 impl Journal {
@@ -163,14 +290,15 @@ impl Journal {
         std::fs::rename(&tmp, self.dir.join("journal.json")).expect("power journal rename");
     }
 
-    /// `path` relative to the root, if the layer owns it.
+    /// `path` relative to the root, if it is in it.
     fn rel(&self, path: &Path) -> Option<String> {
-        let rel = absolute(path)
-            .strip_prefix(&self.root)
-            .ok()?
-            .to_string_lossy()
-            .to_string();
-        (!excluded(&rel)).then_some(rel)
+        Some(
+            absolute(path)
+                .strip_prefix(&self.root)
+                .ok()?
+                .to_string_lossy()
+                .to_string(),
+        )
     }
 
     fn shadow(&self, id: u64) -> PathBuf {
@@ -185,10 +313,9 @@ impl Journal {
         }
     }
 
-    fn new_id(&mut self) -> u64 {
-        let id = self.state.next_id;
-        self.state.next_id += 1;
-        id
+    /// Forgets the tracked nodes at `rel` and inside it.
+    fn forget(&mut self, rel: &str) {
+        self.state.live.retain(|p, _| !within(p, rel));
     }
 }
 
@@ -204,19 +331,63 @@ pub(super) fn on_create(path: &Path, existed: bool) {
     with_journal(|j| {
         if let Some(rel) = j.rel(path) {
             if !existed || !j.state.live.contains_key(&rel) {
-                let id = j.new_id();
-                j.state.live.insert(rel, id);
+                let id = j.state.new_id();
+                j.state.live.insert(rel, Node::File(id));
             }
+        }
+    });
+}
+
+/// A directory the layer created (durable once its parent is fsynced).
+pub(super) fn on_create_dir(path: &Path) {
+    with_journal(|j| {
+        // The root is tracked from the start.
+        if let Some(rel) = j.rel(path).filter(|r| !r.is_empty()) {
+            // A new directory: nothing tracked at its path before is in it.
+            j.forget(&rel);
+            let id = j.state.new_id();
+            j.state.live.insert(rel, Node::Dir(id));
         }
     });
 }
 
 pub(super) fn on_rename(from: &Path, to: &Path) {
     with_journal(|j| {
-        if let (Some(a), Some(b)) = (j.rel(from), j.rel(to)) {
-            if let Some(id) = j.state.live.remove(&a) {
-                j.state.live.insert(b, id);
-            }
+        let (Some(a), Some(b)) = (j.rel(from), j.rel(to)) else {
+            return;
+        };
+        if a == b || a.is_empty() || b.is_empty() {
+            return;
+        }
+        let Some(node) = j.state.live.remove(&a) else {
+            return;
+        };
+        // What `to` named is replaced; a directory takes its tracked
+        // contents along.
+        j.forget(&b);
+        let inside: Vec<(String, Node)> = j
+            .state
+            .live
+            .iter()
+            .filter(|(p, _)| within(p, &a))
+            .map(|(p, n)| (p.clone(), *n))
+            .collect();
+        for (p, n) in inside {
+            j.state.live.remove(&p);
+            j.state.live.insert(format!("{b}{}", &p[a.len()..]), n);
+        }
+        j.state.live.insert(b.clone(), node);
+        let ((from_parent, from_name), (to_parent, to_name)) = (split(&a), split(&b));
+        if let (Some(from_dir), Some(to_dir)) =
+            (j.state.dir_id(from_parent), j.state.dir_id(to_parent))
+        {
+            j.state.pending.push(Rename {
+                node,
+                from_dir,
+                from: from_name.to_string(),
+                to_dir,
+                to: to_name.to_string(),
+            });
         }
     });
 }
@@ -229,10 +400,19 @@ pub(super) fn on_remove(path: &Path) {
     });
 }
 
+/// A directory removed with everything in it.
+pub(super) fn on_remove_dir(path: &Path) {
+    with_journal(|j| {
+        if let Some(rel) = j.rel(path).filter(|r| !r.is_empty()) {
+            j.forget(&rel);
+        }
+    });
+}
+
 pub(super) fn on_sync(path: &Path) {
     with_journal(|j| {
         let Some(rel) = j.rel(path) else { return };
-        let Some(&id) = j.state.live.get(&rel) else {
+        let Some(&Node::File(id)) = j.state.live.get(&rel) else {
             return;
         };
         let content = std::fs::read(path).expect("read of a synced file");
@@ -246,7 +426,7 @@ pub(super) fn on_sync(path: &Path) {
 pub(super) fn on_failed_sync(path: &Path) {
     with_journal(|j| {
         let Some(rel) = j.rel(path) else { return };
-        let Some(&id) = j.state.live.get(&rel) else {
+        let Some(&Node::File(id)) = j.state.live.get(&rel) else {
             return;
         };
         let old = j.durable_content(id);
@@ -262,203 +442,57 @@ pub(super) fn on_sync_dir(dir: &Path) {
             return;
         }
         let Some(rel) = j.rel(&abs) else { return };
+        let id = match j.state.live.get(&rel) {
+            Some(Node::Dir(id)) => *id,
+            Some(Node::File(_)) => return,
+            // RocksDB's own directory: not simulated.
+            None if in_store(&rel) => return,
+            None => {
+                let id = j.state.new_id();
+                j.state.live.insert(rel.clone(), Node::Dir(id));
+                id
+            }
+        };
         let mut entries = BTreeMap::new();
         for entry in std::fs::read_dir(&abs).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             let child = join(&rel, &name);
-            if entry.file_type().is_ok_and(|t| t.is_dir()) || excluded(&child) {
-                entries.insert(name, None);
-            } else {
-                let id = match j.state.live.get(&child) {
-                    Some(&id) => id,
-                    None => {
-                        // Written behind the layer's back: take it as it is.
-                        let id = j.new_id();
-                        j.state.live.insert(child, id);
-                        id
+            let node = match j.state.live.get(&child) {
+                Some(node) => *node,
+                // Made by RocksDB (its database, a snapshot's exported
+                // files): kept as it is, not simulated.
+                None if in_store(&child) => continue,
+                // Made behind the layer's back: tracked from now on.
+                None => {
+                    let id = j.state.new_id();
+                    let node = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        Node::Dir(id)
+                    } else {
+                        Node::File(id)
+                    };
+                    j.state.live.insert(child, node);
+                    node
+                }
+            };
+            entries.insert(name, node);
+        }
+        j.state.durable.insert(id, entries);
+        // Renames into or out of this directory are durable now, both
+        // sides: this side is in the entries just taken.
+        let pending = std::mem::take(&mut j.state.pending);
+        for r in pending {
+            if r.from_dir == id || r.to_dir == id {
+                for side in [r.from_dir, r.to_dir] {
+                    if side != id {
+                        apply_side(&mut j.state.durable, &r, side);
                     }
-                };
-                entries.insert(name, Some(id));
+                }
+            } else {
+                j.state.pending.push(r);
             }
         }
-        j.state.durable.insert(rel, entries);
     });
 }
 
-/// What a file becomes after the power cut: its durable content, or with
-/// a seed, a mix of durable and current pages. Returns the content and the
-/// number of choices the seed had.
-fn torn(durable: &[u8], current: Option<&[u8]>, rng: Option<&mut Rng>) -> (Vec<u8>, u64) {
-    let (Some(current), Some(rng)) = (current, rng) else {
-        return (durable.to_vec(), 0);
-    };
-    let mut choices = 0;
-    let len = if durable.len() != current.len() {
-        choices += 1;
-        if rng.chance(50) {
-            current.len()
-        } else {
-            durable.len()
-        }
-    } else {
-        durable.len()
-    };
-    let mut out = vec![0u8; len];
-    for start in (0..len).step_by(PAGE) {
-        let end = (start + PAGE).min(len);
-        let old = durable.get(start..end.min(durable.len())).unwrap_or(&[]);
-        let new = current.get(start..end.min(current.len())).unwrap_or(&[]);
-        let page = &mut out[start..end];
-        if old == new && old.len() == page.len() {
-            page.copy_from_slice(old);
-            continue;
-        }
-        choices += 1;
-        // New content, or old: the durable bytes, zeros past them. Never
-        // zeros over durable bytes: what an fsync covered stays.
-        let pick = if rng.chance(50) { new } else { old };
-        page[..pick.len()].copy_from_slice(pick);
-    }
-    (out, choices)
-}
-
-/// Rolls the tracked state back as a power cut would (see the module
-/// documentation) and starts a fresh journal from the result. Does nothing
-/// outside a power simulation.
-pub fn power_loss(seed: Option<u64>) -> PowerReport {
-    let mut guard = JOURNAL.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(j) = guard.as_mut() else {
-        return PowerReport {
-            summary: "files: not simulated".into(),
-            choices: 0,
-        };
-    };
-    let mut rng = seed.map(Rng::new);
-    let root = j.root.clone();
-    if !j.state.root_durable {
-        let _ = std::fs::remove_dir_all(&root);
-        j.state = baseline(&root, &j.dir);
-        j.save();
-        return PowerReport {
-            summary: format!(
-                "files: {} was never made durable in its parent, lost whole",
-                root.display()
-            ),
-            choices: 0,
-        };
-    }
-    // Current content by file id, before anything is rewritten.
-    let mut current: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-    for (rel, id) in &j.state.live {
-        if let Ok(bytes) = std::fs::read(root.join(rel)) {
-            current.insert(*id, bytes);
-        }
-    }
-    // The tree a power cut leaves: durable entries, each file torn or not.
-    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut dirs: BTreeSet<String> = BTreeSet::from([String::new()]);
-    let mut choices = 0u64;
-    let mut pending = vec![String::new()];
-    while let Some(dir) = pending.pop() {
-        let Some(entries) = j.state.durable.get(&dir) else {
-            continue;
-        };
-        for (name, entry) in entries {
-            let rel = join(&dir, name);
-            if excluded(&rel) {
-                continue;
-            }
-            match entry {
-                None => {
-                    dirs.insert(rel.clone());
-                    pending.push(rel);
-                }
-                Some(id) => {
-                    let (content, c) = torn(
-                        &j.durable_content(*id),
-                        current.get(id).map(Vec::as_slice),
-                        rng.as_mut(),
-                    );
-                    choices += c;
-                    files.insert(rel, content);
-                }
-            }
-        }
-    }
-    // Apply: remove what is not durable, write what is.
-    let mut removed = 0;
-    let mut stack = vec![String::new()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(root.join(&dir))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let rel = join(&dir, &entry.file_name().to_string_lossy());
-            if excluded(&rel) {
-                continue;
-            }
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                if dirs.contains(&rel) {
-                    stack.push(rel);
-                } else {
-                    std::fs::remove_dir_all(entry.path()).expect("power loss: remove a directory");
-                    removed += 1;
-                }
-            } else if !files.contains_key(&rel) {
-                std::fs::remove_file(entry.path()).expect("power loss: remove a file");
-                removed += 1;
-            }
-        }
-    }
-    for dir in &dirs {
-        std::fs::create_dir_all(root.join(dir)).expect("power loss: create a directory");
-    }
-    let mut changed = 0;
-    for (rel, content) in &files {
-        let path = root.join(rel);
-        if std::fs::read(&path).ok().as_deref() != Some(content.as_slice()) {
-            changed += 1;
-        }
-        std::fs::write(&path, content).expect("power loss: write a file");
-    }
-    j.state = baseline(&root, &j.dir);
-    j.save();
-    PowerReport {
-        summary: format!("files: {changed} rolled back, {removed} unsynced entries undone"),
-        choices,
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn torn_pages_come_from_old_new_or_zeros() {
-        let old = vec![1u8; PAGE * 2];
-        let mut new = old.clone();
-        new.extend(vec![2u8; PAGE * 2]);
-        new[10] = 3;
-        for seed in 0..32 {
-            let (out, choices) = torn(&old, Some(&new), Some(&mut Rng::new(seed)));
-            // The length, page 0, and pages 2 and 3 when the new length is kept.
-            let want = if out.len() == new.len() { 4 } else { 2 };
-            assert_eq!(choices, want, "seed {seed}");
-            assert!(out.len() == old.len() || out.len() == new.len());
-            for (i, page) in out.chunks(PAGE).enumerate() {
-                let o = old.get(i * PAGE..(i + 1) * PAGE);
-                let n = &new[i * PAGE..(i + 1) * PAGE];
-                assert!(
-                    Some(page) == o || page == n || page.iter().all(|b| *b == 0),
-                    "seed {seed} page {i} is neither old, new nor zeros"
-                );
-            }
-        }
-        assert_eq!(
-            torn(&old, Some(&new), None).0,
-            old,
-            "no seed: durable content"
-        );
-    }
-}
+mod tests;

@@ -53,6 +53,15 @@ pub struct Limits {
     pub max_tables: u32,
     /// Core instances a guest may create.
     pub max_instances: u32,
+    /// A processor's writes for one record (`state.put`/`delete` keys and
+    /// values), in bytes: the host holds them until the record is applied.
+    pub record_write_bytes: u64,
+    /// A processor's `state.put`/`delete` calls for one record.
+    pub record_writes: u64,
+    /// A processor's output for one record (keys and values), in bytes.
+    pub record_output_bytes: u64,
+    /// A processor's output records for one input record.
+    pub record_outputs: u64,
 }
 
 impl Limits {
@@ -71,6 +80,10 @@ impl Default for Limits {
             call_timeout_ms: 30_000,
             max_tables: 100,
             max_instances: 100,
+            record_write_bytes: 64 << 20,
+            record_writes: 100_000,
+            record_output_bytes: 64 << 20,
+            record_outputs: 100_000,
         }
     }
 }

@@ -59,6 +59,12 @@ pub struct ProcessorState {
     /// A store call that failed inside `process`: the processor is trapped
     /// and the task sees this (the strategy guest's) error.
     failed: Option<CallError>,
+    /// What the running `process` call wrote: (calls, bytes).
+    written: (u64, u64),
+    /// `limits.record_writes` and `limits.record_write_bytes`.
+    write_limits: (u64, u64),
+    /// The limit a call went past, for the task's error line.
+    over_limit: Option<String>,
 }
 
 impl ProcessorState {
@@ -70,6 +76,28 @@ impl ProcessorState {
         // SAFETY: non-null only during `process`, which holds the context
         // mutably borrowed and lends it to nobody else (see `Lent`).
         Ok(unsafe { &mut *self.ctx.0 })
+    }
+
+    /// Counts one write of `bytes` against the record's limits; past them
+    /// the processor traps (the host holds every write until the record
+    /// is applied, so this bounds the host memory a record can take).
+    fn count_write(&mut self, bytes: usize) -> wasmtime::Result<()> {
+        let (calls, total) = &mut self.written;
+        *calls += 1;
+        *total += bytes as u64;
+        let (max_calls, max_bytes) = self.write_limits;
+        let over = if *calls > max_calls {
+            Some(format!("more than {max_calls} writes for one record (limits.record_writes)"))
+        } else if *total > max_bytes {
+            Some(format!("more than {max_bytes} bytes of writes for one record (limits.record_write_bytes)"))
+        } else {
+            None
+        };
+        if let Some(why) = over {
+            self.over_limit = Some(why.clone());
+            wasmtime::bail!("{why}");
+        }
+        Ok(())
     }
 
     /// A store call's result: a failed call traps the processor, and the
@@ -132,11 +160,13 @@ impl bindings::txstore::store::state::Host for ProcessorState {
     }
 
     fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> R<()> {
+        self.count_write(key.len() + value.len())?;
         self.ctx()?.put(&key, &value);
         Ok(Ok(()))
     }
 
     fn delete(&mut self, key: Vec<u8>) -> R<()> {
+        self.count_write(key.len())?;
         self.ctx()?.delete(&key);
         Ok(Ok(()))
     }
@@ -166,6 +196,9 @@ impl ProcessorComponent {
             limits: GuestLimiter::new(limits),
             ctx: Lent(std::ptr::null_mut()),
             failed: None,
+            written: (0, 0),
+            write_limits: (limits.record_writes, limits.record_write_bytes),
+            over_limit: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -244,6 +277,7 @@ impl Processor for WasmProcessor {
             value: input.value().map(<[u8]>::to_vec),
         };
         self.arm();
+        self.store.data_mut().written = (0, 0);
         // Lend the context for this call only (see `Lent`).
         self.store.data_mut().ctx = Lent((ctx as *mut Context<'_>).cast::<Context<'static>>());
         let result = self
@@ -253,6 +287,31 @@ impl Processor for WasmProcessor {
         self.store.data_mut().ctx = Lent(std::ptr::null_mut());
         match result {
             Ok(Ok(outputs)) => {
+                let bytes: u64 = outputs
+                    .iter()
+                    .map(|o| (o.key.len() + o.value.as_ref().map_or(0, Vec::len)) as u64)
+                    .sum();
+                let over = if outputs.len() as u64 > self.limits.record_outputs {
+                    Some(format!(
+                        "{} output records for one record, more than limits.record_outputs = {}",
+                        outputs.len(),
+                        self.limits.record_outputs
+                    ))
+                } else if bytes > self.limits.record_output_bytes {
+                    Some(format!(
+                        "{bytes} bytes of output for one record, more than limits.record_output_bytes = {}",
+                        self.limits.record_output_bytes
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = over {
+                    self.dead = true;
+                    return Err(Error::processor(format!(
+                        "processor {} stopped: {why}",
+                        self.label
+                    )));
+                }
                 for o in outputs {
                     ctx.emit(&o.key, o.value.as_deref());
                 }
@@ -264,6 +323,12 @@ impl Processor for WasmProcessor {
             ))),
             Err(e) => {
                 self.dead = true;
+                if let Some(why) = self.store.data_mut().over_limit.take() {
+                    return Err(Error::processor(format!(
+                        "processor {} stopped: {why}",
+                        self.label
+                    )));
+                }
                 if let Some(call) = self.store.data_mut().failed.take() {
                     return Err(Error::Guest(
                         anyhow::Error::from(call)

@@ -276,7 +276,7 @@ pub(crate) fn check_range(start: &[u8], end: &[u8]) -> Result<()> {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
-    use crate::conformance::workload::Rng;
+    use crate::rng::Rng;
 
     /// One call on a store with two keyspaces (`ks` is 0 or 1).
     #[derive(Clone, Debug)]

@@ -24,11 +24,16 @@
 //! snapshot operation failed halfway, unlogged) nothing is undone and the
 //! abort decides: what was flushed survives, the memtable does not.
 //!
-//! Only used when a power crash is armed ([`crate::crash::power_armed`]).
+//! Only used when a power crash is armed ([`crate::crash::power_armed`]),
+//! for every backend opened then: the store's, and the new store a
+//! migration builds in its own directory. The files themselves stay as
+//! RocksDB left them; the host's directory operations around them (a
+//! migration's or a snapshot's rename undone by the cut) are
+//! [`crate::file::power`]'s, which moves them along with their directory.
 
 use super::{Backend, Cursor, KeyspaceId, Op, Result, StorageError, StoreStorage};
-use crate::conformance::workload::Rng;
 use crate::crash::PowerReport;
+use crate::rng::Rng;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 

@@ -7,6 +7,7 @@ use super::Task;
 use anyhow::{Context as _, Result};
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Live queries are answered every this many records (between records:
 /// one accept call, well under a record's cost).
@@ -21,6 +22,19 @@ pub(crate) fn feed(
     server: Option<&QueryServer>,
     progress: bool,
 ) -> Result<()> {
+    feed_until(task, input, server, progress, None).map(|_| ())
+}
+
+/// [`feed`], stopping between records once `stop` is set (a signal):
+/// returns true if it stopped before the end of the input. The caller
+/// then closes the task, which commits everything processed.
+pub(crate) fn feed_until(
+    task: &mut Task,
+    input: &Path,
+    server: Option<&QueryServer>,
+    progress: bool,
+    stop: Option<&AtomicBool>,
+) -> Result<bool> {
     let file = std::fs::File::open(input)
         .with_context(|| format!("cannot open input {}", input.display()))?;
     let total = file.metadata()?.len();
@@ -66,7 +80,12 @@ pub(crate) fn feed(
     );
     let mut line = Vec::new();
     let (mut warned_crlf, mut warned_utf8) = (false, false);
+    let mut stopped = false;
     loop {
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            stopped = true;
+            break;
+        }
         line.clear();
         let n = reader.read_until(b'\n', &mut line)?;
         if n == 0 {
@@ -112,5 +131,5 @@ pub(crate) fn feed(
         }
     }
     bar.finish_and_clear();
-    Ok(())
+    Ok(stopped)
 }

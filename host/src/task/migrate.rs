@@ -17,6 +17,11 @@
 //! - after it, the migration is decided; the next open finishes the switch,
 //!   each step idempotent: `store/` to `migrate-old/`, `migrate-ready/store`
 //!   to `store/`, the new manifest into place, then the leftovers removed.
+//!
+//! Every directory operation goes through [`crate::file`], so a power
+//! simulation sees them (a rename undone by the cut takes the directory's
+//! contents, RocksDB's files included, back with it) and each step is
+//! swept with power cuts as well as aborts.
 
 use super::{manifest, Task};
 use crate::changelog::Record;
@@ -102,8 +107,9 @@ pub fn settle(state_dir: &Path) -> Result<bool> {
     Ok(true)
 }
 
+/// Through the file layer, so a power simulation sees the removal.
 fn remove_dir(dir: &Path) -> Result<()> {
-    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))
+    crate::file::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))
 }
 
 /// Moves the store `config` names to guest `to` (a built-in name or a
@@ -140,7 +146,9 @@ pub fn migrate(
         );
     }
     // A migration a crash interrupted after its commit point is finished
-    // here; if it was this one, there is nothing left to do.
+    // here; if it was this one, there is nothing left to do. (A power
+    // simulation's journal first, so that it sees the settling.)
+    crate::file::attach(&state_dir);
     {
         let _lock = super::lock_dir(&state_dir, "state directory")?;
         settle(&state_dir)?;

@@ -243,6 +243,20 @@ impl Task {
     ) -> Result<(Self, RecoveryReport)> {
         let started = Instant::now();
         let state_dir = config.state_dir();
+        // A Kafka input's stores are one per partition, each under its own
+        // lock and transactional id: the job's own directory holds none.
+        if config.kafka_input().is_some() && config.partition_task.is_none() {
+            return Err(marked(
+                Kind::Config,
+                format!(
+                    "store `{}` reads a Kafka topic (task.input): its state is one store per input partition, in \
+                     {}/{}-<P>; name the partition (--partition P)",
+                    config.store.name,
+                    state_dir.display(),
+                    config.store.name
+                ),
+            ));
+        }
         // A guest or processor that does not load (a misspelt name)
         // creates nothing.
         let guest = runtime

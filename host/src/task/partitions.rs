@@ -7,8 +7,9 @@
 //! Partitions reach the process from the input's consumer group (or a
 //! static list). A partition is opened (recovered, its changelog tail
 //! replayed) before the consumer is told where to read it from: the input
-//! position committed in its changelog transaction, never the group's
-//! offsets, so input, state and output move together. A revoked partition
+//! position committed in its changelog transaction (which is also the
+//! group's offset for that partition, so the group's lag shows in Kafka's
+//! tools), so input, state and output move together. A revoked partition
 //! commits and closes before the consumer lets it go; a lost one (this
 //! process missed its session) is dropped without a commit, since another
 //! process may already own it. A process that keeps writing after its
@@ -20,6 +21,7 @@
 //! partition (partition mod threads) over a bounded channel, so a slow
 //! worker slows the poll loop rather than filling memory.
 
+use super::serve::QueryServer;
 use super::{Input, RecoveryReport, Task, TaskStats};
 use crate::config::{Assignment, Config, KafkaInput};
 use crate::runtime::Runtime;
@@ -315,9 +317,7 @@ pub fn run(
             std::thread::Builder::new()
                 .name(format!("txstore-worker-{i}"))
                 .spawn_scoped(scope, move || {
-                    if let Err(e) = work(rx, config, runtime, partitions, &shared, processors) {
-                        shared.fail(e);
-                    }
+                    work(rx, config, runtime, partitions, &shared, processors)
                 })
                 .context("cannot start a worker thread")?;
         }
@@ -519,7 +519,10 @@ fn owned_partitions(consumer: &BaseConsumer<Rebalancer>, topic: &str) -> Vec<i32
         .unwrap_or_default()
 }
 
-/// One worker thread: the tasks of its partitions.
+/// One worker thread: the tasks of its partitions. A failure is reported
+/// to `shared` at once (the poll loop stops on it), then the worker keeps
+/// answering commands until the poll loop drops its queue, so neither
+/// waits on the other.
 fn work(
     rx: Receiver<Command>,
     config: &Config,
@@ -527,8 +530,10 @@ fn work(
     partitions: i32,
     shared: &Shared,
     processors: ProcessorFactory<'_>,
-) -> Result<()> {
+) {
     let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
+    // Each task answers live queries on its own state directory's socket.
+    let mut servers: BTreeMap<i32, QueryServer> = BTreeMap::new();
     let mut last_sweep = Instant::now();
     let result = (|| -> Result<()> {
         loop {
@@ -541,14 +546,18 @@ fn work(
                 Some(Command::Open { partition, reply }) => {
                     // Assigned twice: the old task closes first (it holds
                     // the partition's directory lock).
+                    servers.remove(&partition);
                     if let Some(old) = tasks.remove(&partition) {
                         old.close()
                             .with_context(|| format!("closing partition {partition}"))?;
                     }
                     let answer = open(config, runtime, partition, partitions, shared, processors)
-                        .map(|task| {
+                        .map(|(task, server)| {
                             let position = task.input_position();
                             tasks.insert(partition, task);
+                            if let Some(server) = server {
+                                servers.insert(partition, server);
+                            }
                             position
                         });
                     let _ = reply.send(answer);
@@ -577,6 +586,7 @@ fn work(
                     }
                 }
                 Some(Command::Close { partition, reply }) => {
+                    servers.remove(&partition);
                     let closed = match tasks.remove(&partition) {
                         Some(task) => task.close().map(|stats| {
                             let mut s = shared.summary.lock().unwrap();
@@ -593,6 +603,7 @@ fn work(
                     }
                 }
                 Some(Command::Lose { partition, reply }) => {
+                    servers.remove(&partition);
                     if let Some(task) = tasks.remove(&partition) {
                         let mut summary = shared.summary.lock().unwrap();
                         summary.stats.add(&task.stats);
@@ -605,6 +616,11 @@ fn work(
             }
             if last_sweep.elapsed() >= TICK {
                 for (p, task) in &mut tasks {
+                    if let Some(server) = servers.get(p) {
+                        server
+                            .poll(task)
+                            .with_context(|| format!("partition {p}"))?;
+                    }
                     task.commit_if_due()
                         .with_context(|| format!("partition {p}"))?;
                 }
@@ -612,9 +628,12 @@ fn work(
             }
         }
     })();
-    if result.is_err() {
+    if let Err(e) = result {
+        // Reported before anything else: the poll loop stops on it.
+        shared.fail(e);
         // Dropped without commit: the next owner recovers them as after a
         // crash. Keep answering so the poll loop never waits on us.
+        drop(servers);
         drop(tasks);
         for command in rx {
             match command {
@@ -631,7 +650,6 @@ fn work(
             }
         }
     }
-    result
 }
 
 fn open(
@@ -641,7 +659,7 @@ fn open(
     partitions: i32,
     shared: &Shared,
     processors: ProcessorFactory<'_>,
-) -> Result<Task> {
+) -> Result<(Task, Option<QueryServer>)> {
     let config = config.for_partition(partition, partitions);
     let processor = processors.map(|make| make(partition));
     let (task, report) = Task::open_with(&config, runtime, processor)
@@ -654,5 +672,9 @@ fn open(
         .unwrap()
         .opened
         .push((partition, report));
-    Ok(task)
+    // Bound after the task, which holds the partition directory's lock.
+    let server = QueryServer::bind(&config.state_dir())
+        .map_err(|e| tracing::warn!(partition, "live queries are off for this partition: {e:#}"))
+        .ok();
+    Ok((task, server))
 }

@@ -422,16 +422,23 @@ impl Processor for Kv {
     }
 }
 
-/// Counts words: maximal runs of ASCII letters and digits, lowercased. A
-/// count is stored as decimal text. Read-modify-write, so applying a record
-/// twice shows as a wrong count. Outputs each touched word's new count.
+/// Counts words: maximal runs of Unicode letters and digits
+/// (`char::is_alphanumeric`), lowercased (Unicode), as UTF-8; bytes that
+/// are not UTF-8 separate words. So "Café naïve Über straße" counts `café`,
+/// `naïve`, `über`, `straße`. A count is stored as decimal text.
+/// Read-modify-write, so applying a record twice shows as a wrong count.
+/// Outputs each touched word's new count.
 pub struct WordCount;
 
 /// The words of `line`, as `word_count` defines them.
 pub fn words(line: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    line.split(|b| !b.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.to_ascii_lowercase())
+    line.utf8_chunks().flat_map(|chunk| {
+        chunk
+            .valid()
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(|w| w.to_lowercase().into_bytes())
+    })
 }
 
 impl Processor for WordCount {
@@ -462,6 +469,17 @@ impl Processor for WordCount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn words_are_unicode_letters_and_digits_lowercased() {
+        let got: Vec<String> = words("Café naïve Über straße, ASCII-only 42x \u{2014} x".as_bytes())
+            .map(|w| String::from_utf8(w).unwrap())
+            .collect();
+        assert_eq!(got, ["café", "naïve", "über", "straße", "ascii", "only", "42x", "x"]);
+        // Bytes that are not UTF-8 separate words, as punctuation does.
+        let got: Vec<Vec<u8>> = words(b"ab\xffcd").collect();
+        assert_eq!(got, [b"ab".to_vec(), b"cd".to_vec()]);
+    }
     use crate::runtime::{GuestSource, Limits, Runtime};
     use crate::storage::{Backend, MemoryBackend};
 

@@ -5,6 +5,11 @@
 //! - `grow`: allocates without end (the memory limit must stop it);
 //! - `trap`: panics (a trap);
 //! - `refuse`: returns an error;
+//! - `put-flood`: puts one 16 MiB value under 100 keys (the host must
+//!   not copy 1.6 GB: the per-record write limit must stop it);
+//! - `output-flood`: returns 200,000 output records;
+//! - `big-output`: returns one output record of 2 MiB (more than a Kafka
+//!   producer sends by default);
 //! - `state-in-init` as an option: calls `state` from `init`.
 
 wit_bindgen::generate!({ path: "../../wit", world: "processor" });
@@ -49,6 +54,20 @@ impl Guest for Hostile {
             }
             b"trap" => panic!("planted trap on key {}", key.escape_ascii()),
             b"refuse" => return Err(format!("refused key {}", key.escape_ascii())),
+            b"put-flood" => {
+                let big = vec![7u8; 16 << 20];
+                for i in 0..100u32 {
+                    state::put(&i.to_be_bytes(), &big).map_err(|e| format!("{e:?}"))?;
+                }
+            }
+            b"big-output" => {
+                return Ok(vec![Output { key: key.to_vec(), value: Some(vec![b'x'; 2 << 20]) }]);
+            }
+            b"output-flood" => {
+                return Ok((0..200_000u32)
+                    .map(|i| Output { key: i.to_be_bytes().to_vec(), value: None })
+                    .collect());
+            }
             _ => {}
         }
         state::put(key, value).map_err(|e| format!("{e:?}"))?;

@@ -9,21 +9,32 @@
 //!   instance still running with the same id.
 //! - A put is a record `key -> value`, a delete a tombstone (`key -> null`),
 //!   so the topic can be compacted as Kafka Streams' changelogs are.
-//! - The last record of each transaction carries the header
-//!   [`END_HEADER`], so a replay knows where transactions end (Kafka hides its
-//!   own commit markers from consumers). Compaction may remove a marked
-//!   record once a later write of its key exists; a replay then sees two
-//!   transactions as one, which is still correct, only less chunked.
+//! - Each transaction with records ends with a marker record of its own
+//!   (key [`marker::MARKER_KEY`], header [`END_HEADER`]; never applied to
+//!   the store), so a replay knows where transactions end (Kafka hides its
+//!   own commit markers from consumers) and can prove it read every one
+//!   of them up to the committed end ([`marker`]). A replay that cannot
+//!   prove it stops with one line instead of leaving the store behind.
 //! - The task's input position is committed with the transaction as the
 //!   consumer-group offset of (topic, partition) in `group_id`
-//!   (`send_offsets_to_transaction`), with the changelog's committed end in
-//!   the offset's metadata: both become visible exactly when the
-//!   transaction commits, and they are what `last_commit` reads at open.
+//!   (`send_offsets_to_transaction`), with the changelog's committed end
+//!   and the last marker's sequence number and time in the offset's
+//!   metadata: all become visible exactly when the transaction commits,
+//!   and they are what `last_commit` reads at open.
 //! - Offsets are Kafka offsets; a transaction ends at (offset of its last
 //!   record) + 1. A `read_committed` consumer replays from there.
 
+mod marker;
+mod metadata;
+mod open;
+mod replay;
+use replay::Replay;
+mod topic;
+
 use super::{Changelog, CommitInfo, Record, Replayed};
 use anyhow::{anyhow, bail, Context, Result};
+use marker::{Marker, MARKER_KEY};
+use metadata::{metadata, parse_metadata};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -37,14 +48,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use topic::create_topic;
 
-/// Header on the last record of a transaction; its value is the input
-/// position committed with it (8 bytes, big-endian).
+/// Header on a transaction's marker record (before markers, on its last
+/// record); its value is the input position committed with it (8 bytes,
+/// big-endian).
 pub const END_HEADER: &str = "txstore.txn-end";
-/// Prefix of the offset metadata that holds the changelog's committed end.
-const END_METADATA: &str = "txstore-changelog-end=";
-/// Follows the end in the metadata when the input is a file: its CRC32C.
-const CHECK_METADATA: &str = ";input-crc32c=";
 /// librdkafka settings the guarantees rest on: `properties` may not change them.
 const PROTECTED: &[&str] = &[
     "bootstrap.servers",
@@ -76,6 +85,14 @@ pub struct KafkaSettings {
     pub output_topic: Option<String>,
     /// `min.insync.replicas` of a created topic.
     pub min_insync_replicas: Option<i32>,
+    /// `min.compaction.lag.ms` of a created topic: a replay of what is
+    /// younger is proven record by record ([`marker`]).
+    pub min_compaction_lag_ms: i64,
+    /// The (topic, partition) whose offset in `group_id` is the task's
+    /// input position: the input's own for a Kafka input (so the group's
+    /// lag shows in Kafka's tools), else the changelog's.
+    pub offsets_topic: String,
+    pub offsets_partition: i32,
 }
 
 /// librdkafka's own logs and errors go to `tracing` at debug level: it
@@ -107,8 +124,8 @@ struct Deliveries {
 struct DeliveryState {
     /// Highest offset acknowledged in the open transaction.
     last_offset: Option<i64>,
-    /// The first failed delivery, if any.
-    error: Option<KafkaError>,
+    /// The first failed delivery, if any, and the topic that refused it.
+    error: Option<(KafkaError, String)>,
 }
 
 impl ClientContext for Deliveries {
@@ -130,8 +147,9 @@ impl ProducerContext for Deliveries {
                 s.last_offset = s.last_offset.max(Some(m.offset()))
             }
             Ok(_) => {}
-            Err((e, _)) => {
-                s.error.get_or_insert_with(|| e.clone());
+            Err((e, m)) => {
+                s.error
+                    .get_or_insert_with(|| (e.clone(), m.topic().to_string()));
             }
         }
     }
@@ -148,10 +166,15 @@ pub struct KafkaLog {
     failed: bool,
     /// The producer's `transaction.timeout.ms`, for the fencing message.
     transaction_timeout_ms: String,
-    /// The last appended record, sent at the next append, or at commit with
-    /// the end header (the header must go on the transaction's last record).
-    held: Option<Record>,
+    /// Changelog records sent in the open transaction (its marker counts them).
+    txn_records: u64,
+    /// Output records sent in the open transaction.
+    txn_output: u64,
     last: Option<CommitInfo>,
+    /// The last marker: its sequence number (0: none yet) and when it was
+    /// written (ms since the epoch). None: the group's offset was written
+    /// by a txstore without markers.
+    last_marker: Option<(u64, i64)>,
 }
 
 /// A client config: our settings, then the user's `properties` (which may
@@ -188,168 +211,6 @@ fn is_fenced(code: Option<RDKafkaErrorCode>) -> bool {
 }
 
 impl KafkaLog {
-    /// Connects, creates the topic if asked, takes over the transactional
-    /// id (aborting a predecessor's open transaction) and reads the last
-    /// committed transaction from the group's offset.
-    pub fn open(s: &KafkaSettings) -> Result<Self> {
-        let where_ = format!(
-            "topic `{}` partition {} at {}",
-            s.topic, s.partition, s.bootstrap_servers
-        );
-        if let Some(k) = s
-            .properties
-            .keys()
-            .find(|k| PROTECTED.contains(&k.as_str()))
-        {
-            bail!("changelog.properties may not set `{k}`: txstore's exactly-once depends on its value");
-        }
-        let consumer: BaseConsumer<Quiet> = client_config(
-            s,
-            &[
-                ("group.id", s.group_id.clone()),
-                ("enable.auto.commit", "false".into()),
-                ("enable.auto.offset.store", "false".into()),
-                ("isolation.level", "read_committed".into()),
-                ("enable.partition.eof", "true".into()),
-                // A replay must never skip records silently.
-                ("auto.offset.reset", "error".into()),
-            ],
-        )
-        .create_with_context(Quiet)
-        .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
-        // (partitions, replicas of the first) as the metadata says.
-        let count_partitions = || -> Result<(usize, usize)> {
-            let metadata = consumer
-                .fetch_metadata(Some(&s.topic), s.timeout)
-                .map_err(|e| anyhow!("changelog: cannot reach Kafka for {where_}: {e}"))?;
-            Ok(metadata
-                .topics()
-                .iter()
-                .find(|t| t.name() == s.topic)
-                .filter(|t| t.error().is_none())
-                .map_or((0, 0), |t| {
-                    let replicas = t.partitions().first().map_or(0, |p| p.replicas().len());
-                    (t.partitions().len(), replicas)
-                }))
-        };
-        let (mut partitions, mut replicas) = count_partitions()?;
-        if partitions == 0 && s.create_topic {
-            create_topic(s).with_context(|| format!("changelog: cannot create {where_}"))?;
-            let deadline = Instant::now() + s.timeout;
-            while partitions == 0 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20)); // creation propagates to metadata
-                (partitions, replicas) = count_partitions()?;
-            }
-        }
-        if replicas == 1 {
-            // Said once per process: every task of a topic would repeat it.
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                tracing::warn!(
-                    "changelog topic `{}` has one replica: a committed transaction is lost with that broker's disk \
-                     (set changelog.replication_factor, and min_insync_replicas, for production)",
-                    s.topic
-                )
-            });
-        }
-        if partitions == 0 {
-            bail!(
-                "changelog: topic `{}` does not exist at {} (set changelog.create_topic = true to create it)",
-                s.topic,
-                s.bootstrap_servers
-            );
-        }
-        if s.partition as usize >= partitions {
-            bail!(
-                "changelog: topic `{}` has {partitions} partition(s); partition {} does not exist",
-                s.topic,
-                s.partition
-            );
-        }
-        let producer_config = client_config(
-            s,
-            &[
-                ("transactional.id", s.transactional_id.clone()),
-                ("enable.idempotence", "true".into()),
-                ("acks", "all".into()),
-                ("linger.ms", "2".into()),
-                (
-                    "transaction.timeout.ms",
-                    (s.timeout.as_millis().max(1000) * 2).to_string(),
-                ),
-            ],
-        );
-        let transaction_timeout_ms = producer_config
-            .get("transaction.timeout.ms")
-            .unwrap_or("?")
-            .to_string();
-        let producer: BaseProducer<Deliveries> = producer_config
-            .create_with_context(Deliveries {
-                topic: s.topic.clone(),
-                partition: s.partition,
-                state: Mutex::default(),
-            })
-            .with_context(|| format!("changelog: bad Kafka settings for {where_}"))?;
-        let mut log = KafkaLog {
-            s: s.clone(),
-            producer,
-            consumer,
-            in_transaction: false,
-            failed: false,
-            transaction_timeout_ms,
-            held: None,
-            last: None,
-        };
-        log.producer
-            .init_transactions(s.timeout)
-            .map_err(|e| log.error("init_transactions", e))?;
-        log.last = log.read_last_commit()?;
-        Ok(log)
-    }
-
-    /// The committed offset of (topic, partition) in the group: the input
-    /// position, with the changelog end in its metadata.
-    fn read_last_commit(&self) -> Result<Option<CommitInfo>> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.s.topic, self.s.partition);
-        let committed = self
-            .consumer
-            .committed_offsets(tpl, self.s.timeout)
-            .map_err(|e| self.error("read the committed offset", e))?;
-        let Some(elem) = committed.find_partition(&self.s.topic, self.s.partition) else {
-            return Ok(None);
-        };
-        elem.error()
-            .map_err(|e| self.error("read the committed offset", e))?;
-        let input_position = match elem.offset() {
-            Offset::Offset(n) if n >= 0 => n as u64,
-            _ => return Ok(None),
-        };
-        let metadata = elem.metadata().strip_prefix(END_METADATA);
-        let (end, check) = match metadata.map(|m| m.split_once(CHECK_METADATA)) {
-            Some(Some((end, check))) => (Some(end), u32::from_str_radix(check, 16).ok()),
-            Some(None) => (metadata, None),
-            None => (None, None),
-        };
-        let offset = end
-            .and_then(|n| n.parse::<u64>().ok())
-            .ok_or_else(|| {
-                anyhow!(
-                    "changelog: group `{}` has an offset for topic `{}` partition {} without txstore's metadata \
-                     (`{}`): the group is used by something else; set changelog.group_id",
-                    self.s.group_id,
-                    self.s.topic,
-                    self.s.partition,
-                    elem.metadata()
-                )
-            })?;
-        Ok(Some(CommitInfo {
-            offset,
-            input_position,
-            input_check: check,
-        }))
-    }
-
     /// One error line naming the operation and the partition; fencing is
     /// told apart because it means another instance has taken over.
     fn error(&self, op: &str, e: KafkaError) -> anyhow::Error {
@@ -363,7 +224,7 @@ impl KafkaLog {
             self.fenced()
         } else {
             anyhow!(
-                "changelog: Kafka {op} failed for topic `{}` partition {} at {}: {detail}",
+                "changelog: Kafka {op} failed in the transaction of changelog topic `{}` partition {} at {}: {detail}",
                 self.s.topic,
                 self.s.partition,
                 self.s.bootstrap_servers
@@ -404,6 +265,8 @@ impl KafkaLog {
             if aborted {
                 *self.producer.context().state.lock().unwrap() = DeliveryState::default();
                 self.in_transaction = false;
+                self.txn_records = 0;
+                self.txn_output = 0;
             }
         }
         match self.producer.client().fatal_error() {
@@ -426,35 +289,22 @@ impl KafkaLog {
         Ok(())
     }
 
-    fn send(&self, record: &Record, end: Option<u64>) -> Result<()> {
-        self.send_to(&self.s.topic, Some(self.s.partition), record, end)
+    fn send(&self, record: &Record) -> Result<()> {
+        self.send_to(&self.s.topic, Some(self.s.partition), record)
     }
 
     /// Produces `record` to `topic` (`partition`, else by its key).
-    fn send_to(
-        &self,
-        topic: &str,
-        partition: Option<i32>,
-        record: &Record,
-        end: Option<u64>,
-    ) -> Result<()> {
+    fn send_to(&self, topic: &str, partition: Option<i32>, record: &Record) -> Result<()> {
         let (key, value) = match record {
             Record::Put(k, v) => (k, Some(v)),
             Record::Delete(k) => (k, None),
         };
-        let end_bytes = end.map(u64::to_be_bytes);
         let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).key(&key[..]);
         if let Some(p) = partition {
             r = r.partition(p);
         }
         if let Some(v) = value {
             r = r.payload(&v[..]);
-        }
-        if let Some(b) = &end_bytes {
-            r = r.headers(OwnedHeaders::new().insert(Header {
-                key: END_HEADER,
-                value: Some(&b[..]),
-            }));
         }
         let deadline = Instant::now() + self.s.timeout;
         loop {
@@ -467,7 +317,7 @@ impl KafkaLog {
                     self.producer.poll(Duration::from_millis(10));
                     r = back;
                 }
-                Err((e, _)) => return Err(self.error("produce", e)),
+                Err((e, _)) => return Err(self.error(&format!("produce to topic `{topic}`"), e)),
             }
         }
     }
@@ -492,16 +342,34 @@ impl KafkaLog {
 
     /// The commit of the open transaction; the caller records the outcome.
     fn commit_open(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
-        if let Some(last) = &self.held {
-            self.send(last, Some(input_position))?;
-        }
+        // The marker ends a transaction that wrote records or output, so
+        // the last marker always tells the input position of the last
+        // output (when the group's offsets are gone). One that only moves
+        // the input position leaves the log where it is.
+        let marker = match (self.txn_records + self.txn_output, self.last_marker) {
+            (0, _) => None,
+            (_, last) => {
+                let records = self.txn_records;
+                let (seq, prev_time_ms) = last.unwrap_or((0, 0));
+                let m = Marker {
+                    seq: seq + 1,
+                    prev_end: self.end_offset(),
+                    prev_time_ms,
+                    records,
+                    input_position,
+                };
+                let now_ms = now_ms();
+                self.send_marker(&m, now_ms)?;
+                Some((m.seq, now_ms))
+            }
+        };
         self.flush()?;
         let (last_offset, error) = {
             let state = self.producer.context().state.lock().unwrap();
             (state.last_offset, state.error.clone())
         };
-        if let Some(e) = error {
-            return Err(self.error("deliver", e));
+        if let Some((e, topic)) = error {
+            return Err(self.error(&format!("delivery to topic `{topic}`"), e));
         }
         let offset = match last_offset {
             Some(last) => last as u64 + 1,
@@ -509,13 +377,14 @@ impl KafkaLog {
         };
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(
-            &self.s.topic,
-            self.s.partition,
+            &self.s.offsets_topic,
+            self.s.offsets_partition,
             Offset::Offset(input_position as i64),
         )?;
-        if let Some(mut elem) = tpl.find_partition(&self.s.topic, self.s.partition) {
-            let check = input_check.map_or(String::new(), |c| format!("{CHECK_METADATA}{c:08x}"));
-            elem.set_metadata(format!("{END_METADATA}{offset}{check}"));
+        let marker = marker.or(self.last_marker);
+        if let Some(mut elem) = tpl.find_partition(&self.s.offsets_topic, self.s.offsets_partition)
+        {
+            elem.set_metadata(metadata(offset, marker, input_check));
         }
         let group = self
             .consumer
@@ -528,7 +397,37 @@ impl KafkaLog {
         self.retrying("commit_transaction", || {
             self.producer.commit_transaction(self.s.timeout)
         })?;
+        self.last_marker = marker;
         Ok(offset)
+    }
+
+    /// Sends the marker `m` that ends the open transaction, timestamped
+    /// `now_ms` (the time the next marker repeats).
+    fn send_marker(&self, m: &Marker, now_ms: i64) -> Result<()> {
+        let value = m.encode();
+        let position = m.input_position.to_be_bytes();
+        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.s.topic)
+            .partition(self.s.partition)
+            .key(MARKER_KEY)
+            .payload(&value[..])
+            .timestamp(now_ms)
+            .headers(OwnedHeaders::new().insert(Header {
+                key: END_HEADER,
+                value: Some(&position[..]),
+            }));
+        let deadline = Instant::now() + self.s.timeout;
+        loop {
+            match self.producer.send(r) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    self.producer.poll(Duration::from_millis(10));
+                    r = back;
+                }
+                Err((e, _)) => return Err(self.error("produce the transaction marker", e)),
+            }
+        }
     }
 
     /// Runs a transactional call, calling it again while librdkafka says
@@ -569,55 +468,30 @@ impl KafkaLog {
         }
         Ok(())
     }
-
-    fn end_header(m: &BorrowedMessage<'_>) -> bool {
-        m.headers()
-            .is_some_and(|h| h.iter().any(|h| h.key == END_HEADER))
-    }
 }
 
-fn create_topic(s: &KafkaSettings) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = client_config(s, &[]).create()?;
-    let topic = NewTopic::new(
-        &s.topic,
-        s.topic_partitions,
-        TopicReplication::Fixed(s.replication_factor),
-    )
-    .set("cleanup.policy", "compact");
-    let min_insync = s.min_insync_replicas.map(|n| n.to_string());
-    let topic = match &min_insync {
-        Some(n) => topic.set("min.insync.replicas", n),
-        None => topic,
-    };
-    let options = AdminOptions::new().operation_timeout(Some(s.timeout));
-    let results = futures_executor::block_on(admin.create_topics([&topic], &options))?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => bail!("topic `{name}`: {code}"),
-        }
-    }
-    Ok(())
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Changelog for KafkaLog {
     fn append(&mut self, records: &[Record]) -> Result<()> {
-        let Some((last, rest)) = records.split_last() else {
+        if records.is_empty() {
             return Ok(());
-        };
+        }
+        if records.iter().any(|r| r.key() == MARKER_KEY) {
+            bail!(
+                "changelog: the key {:?} is reserved for the Kafka changelog's transaction markers",
+                String::from_utf8_lossy(MARKER_KEY)
+            );
+        }
         self.begin()?;
-        // Everything but the last record goes out now; the last is held
-        // (one copy per input record, not per write) in case it ends the
-        // transaction.
-        let sent = self
-            .held
-            .iter()
-            .chain(rest)
-            .try_for_each(|r| self.send(r, None));
-        if let Err(e) = sent {
+        if let Err(e) = records.iter().try_for_each(|r| self.send(r)) {
             return Err(self.fail(e));
         }
-        self.held = Some(last.clone());
+        self.txn_records += records.len() as u64;
         Ok(())
     }
 
@@ -627,10 +501,11 @@ impl Changelog for KafkaLog {
         };
         self.begin()?;
         for record in records {
-            if let Err(e) = self.send_to(&topic, None, record, None) {
+            if let Err(e) = self.send_to(&topic, None, record) {
                 return Err(self.fail(e));
             }
         }
+        self.txn_output += records.len() as u64;
         Ok(())
     }
 
@@ -638,7 +513,8 @@ impl Changelog for KafkaLog {
         self.begin()?;
         match self.commit_open(input_position, input_check) {
             Ok(offset) => {
-                self.held = None;
+                self.txn_records = 0;
+                self.txn_output = 0;
                 self.in_transaction = false;
                 assert!(
                     offset >= self.end_offset(),
@@ -656,7 +532,8 @@ impl Changelog for KafkaLog {
     }
 
     fn abort(&mut self) -> Result<()> {
-        self.held = None;
+        self.txn_records = 0;
+        self.txn_output = 0;
         if self.in_transaction {
             // librdkafka's abort waits for every delivery report to be
             // served; this producer serves them only when polled.
@@ -683,9 +560,8 @@ impl Changelog for KafkaLog {
             return Ok(());
         }
         // Once the stable end has reached `end`, the consumer's end of
-        // partition can only come at or past `end`: everything committed
-        // before it has been delivered (or compacted away).
-        let (_, stable) = self.watermarks(end)?;
+        // partition can only come at or past `end`.
+        let (low, stable) = self.watermarks(end)?;
         if (stable as u64) < end {
             bail!(
                 "changelog: topic `{}` partition {} has committed data only up to offset {stable}, below the \
@@ -694,64 +570,24 @@ impl Changelog for KafkaLog {
                 self.s.partition
             );
         }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.s.topic, self.s.partition, Offset::Offset(from as i64))?;
-        self.consumer
-            .assign(&tpl)
-            .map_err(|e| self.error("assign", e))?;
-        let mut position = from;
-        let mut last_progress = Instant::now();
-        let result = (|| -> Result<()> {
-            while position < end {
-                match self.consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => {
-                        let offset = m.offset() as u64;
-                        if offset >= end {
-                            break;
-                        }
-                        let key = m.key().ok_or_else(|| {
-                            anyhow!(
-                                "changelog: record at offset {offset} of topic `{}` partition {} has no key: \
-                                 not a txstore changelog",
-                                self.s.topic,
-                                self.s.partition
-                            )
-                        })?;
-                        let record = match m.payload() {
-                            Some(v) => Record::Put(key.to_vec(), v.to_vec()),
-                            None => Record::Delete(key.to_vec()),
-                        };
-                        f(Replayed::Record(record))?;
-                        if Self::end_header(&m) || offset + 1 == end {
-                            f(Replayed::Commit(offset + 1))?;
-                        }
-                        position = offset + 1;
-                        last_progress = Instant::now();
-                    }
-                    Some(Err(KafkaError::PartitionEOF(_))) => {
-                        // Past `end` (see above): compaction removed the
-                        // last records before it.
-                        if position < end {
-                            f(Replayed::Commit(end))?;
-                        }
-                        position = end;
-                    }
-                    Some(Err(e)) => return Err(self.error("consume", e)),
-                    None => {}
-                }
-                if last_progress.elapsed() > self.s.timeout {
-                    bail!(
-                        "changelog: reading topic `{}` partition {} stalled at offset {position}, before the committed \
-                         end {end}",
-                        self.s.topic,
-                        self.s.partition
-                    );
+        match self.replay(&self.consumer, from as i64, from, f) {
+            Err(Replay::Unproven(first)) => {
+                // Some brokers (noida-db 0.2) list aborted transactions that
+                // ended before the fetch offset, and clients then drop the
+                // producer's later batches. Read once more from the start,
+                // where every abort marker comes in order, in one fetch.
+                tracing::warn!(
+                    "{first:#}; reading the partition again from its start, offset {low}"
+                );
+                let whole = self.whole_partition_consumer()?;
+                match self.replay(&whole, low, from, f) {
+                    Ok(()) => Ok(()),
+                    Err(Replay::Unproven(e) | Replay::Failed(e)) => Err(e),
                 }
             }
-            Ok(())
-        })();
-        let _ = self.consumer.unassign();
-        result
+            Ok(()) => Ok(()),
+            Err(Replay::Failed(e)) => Err(e),
+        }
     }
 
     fn check_replayable(&mut self, from: u64) -> Result<()> {
@@ -813,65 +649,5 @@ impl Changelog for KafkaLog {
                 self.s.topic
             )
         }))
-    }
-}
-
-impl KafkaLog {
-    /// The topic's `delete.retention.ms` if it is compacted (None if not).
-    fn delete_retention_ms(&self) -> Result<Option<i64>> {
-        let admin: AdminClient<DefaultClientContext> = client_config(&self.s, &[]).create()?;
-        let options = AdminOptions::new().request_timeout(Some(self.s.timeout));
-        let topic = ResourceSpecifier::Topic(&self.s.topic);
-        let results = futures_executor::block_on(admin.describe_configs([&topic], &options))
-            .map_err(|e| self.error("describe the topic's configs", e))?;
-        let resource = match results.into_iter().next() {
-            Some(Ok(r)) => r,
-            Some(Err(code)) => bail!(
-                "changelog: cannot describe topic `{}`: {code}",
-                self.s.topic
-            ),
-            None => bail!(
-                "changelog: the broker did not describe topic `{}`",
-                self.s.topic
-            ),
-        };
-        let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
-        if !value("cleanup.policy").is_some_and(|p| p.contains("compact")) {
-            return Ok(None);
-        }
-        // Kafka's default: one day.
-        Ok(Some(
-            value("delete.retention.ms")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(86_400_000),
-        ))
-    }
-
-    /// The timestamp (ms) of the first committed record at or after
-    /// `from`, before `end`.
-    fn first_timestamp(&mut self, from: u64, end: u64) -> Result<Option<i64>> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.s.topic, self.s.partition, Offset::Offset(from as i64))?;
-        self.consumer
-            .assign(&tpl)
-            .map_err(|e| self.error("assign", e))?;
-        let deadline = Instant::now() + self.s.timeout;
-        let found = loop {
-            match self.consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) if (m.offset() as u64) < end => break Ok(m.timestamp().to_millis()),
-                Some(Ok(_)) | Some(Err(KafkaError::PartitionEOF(_))) => break Ok(None),
-                Some(Err(e)) => break Err(self.error("consume", e)),
-                None if Instant::now() >= deadline => {
-                    break Err(anyhow!(
-                        "changelog: reading topic `{}` partition {} at offset {from} timed out",
-                        self.s.topic,
-                        self.s.partition
-                    ))
-                }
-                None => {}
-            }
-        };
-        let _ = self.consumer.unassign();
-        found
     }
 }
