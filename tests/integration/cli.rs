@@ -559,3 +559,20 @@ fn sigterm_stops_a_file_run_cleanly_and_the_next_start_resumes_there() {
     );
     assert_eq!(scan(&config), want);
 }
+
+/// A run whose stderr is a file (a log, CI) gets plain progress lines and
+/// no terminal colour codes.
+#[test]
+fn a_logged_run_shows_plain_progress_without_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = crate::protocol::input(dir.path(), 20_000);
+    let config = crate::protocol::word_count_config(dir.path(), "buffered", "exactly-once");
+    let out = txstore_env(
+        &["run", "--config", config.to_str().unwrap(), "--input", input.to_str().unwrap()],
+        &[("TXSTORE_PROGRESS_MS", "1"), ("TXSTORE_LOG", "txstore=info")],
+    );
+    ok(&out);
+    let err = stderr(&out);
+    assert!(err.contains("progress: byte "), "no progress line: {err}");
+    assert!(!err.contains('\u{1b}'), "colour codes in a log: {err:?}");
+}

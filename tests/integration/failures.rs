@@ -97,3 +97,49 @@ fn a_fenced_process_exits_and_its_successor_finishes_exactly() {
         differences(&expected, &got)
     );
 }
+
+/// Store commands on a Kafka-input config: without `--partition` they are
+/// refused (the job's own directory holds no store); with it, a query of a
+/// running partition is answered by its task and a write is refused by
+/// the partition's lock. Neither fences the task, which finishes exactly.
+#[test]
+fn store_commands_never_fence_a_running_partition() {
+    use crate::common::{stderr, txstore};
+    let Some(bootstrap) = broker("store_commands_never_fence_a_running_partition") else {
+        return;
+    };
+    let p = Pipeline::new(bootstrap, "buffered", "kv");
+    let (input, expected) = crate::pipeline::workload("kv", 3_000);
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let config = static_config(&p, 0, 2, &all);
+    let c = config.to_str().unwrap();
+    let refused = txstore(&["get", "k1", "--config", c]);
+    assert!(
+        !refused.status.success() && stderr(&refused).contains("--partition"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!p.dir.path().join("state-0").join("store").exists(), "a stray store was made");
+    produce(bootstrap, &p.input, &input[..input.len() / 2]);
+    let mut run = p.spawn(&config, "p0");
+    p.wait_for_output(expected.len() / 10, Duration::from_secs(120), "queries");
+    for _ in 0..5 {
+        let got = txstore(&["scan", "--config", c, "--partition", "0", "--count"]);
+        assert!(got.status.success(), "a live scan failed: {}", stderr(&got));
+        let put = txstore(&["put", "x", "1", "--config", c, "--partition", "0"]);
+        assert!(
+            !put.status.success() && stderr(&put).contains("in use"),
+            "a write to a running partition: {}",
+            stderr(&put)
+        );
+    }
+    produce(bootstrap, &p.input, &input[input.len() / 2..]);
+    p.wait_for_output(expected.len(), Duration::from_secs(180), "queries");
+    stop(&mut run, "p0", &p);
+    let got = read_committed(bootstrap, &p.output, PARTITIONS);
+    assert!(
+        multiset(&got) == multiset(&expected),
+        "queries: the output differs from the independent count: {}",
+        differences(&expected, &got)
+    );
+}

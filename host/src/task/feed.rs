@@ -67,11 +67,16 @@ pub(crate) fn feed_until(
             );
         }
     }
-    let bar = if progress {
+    // A bar for a person at a terminal; a plain line every
+    // PROGRESS_EVERY for a log (CI, a service's journal, `| tee`).
+    use std::io::IsTerminal as _;
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if progress && terminal {
         indicatif::ProgressBar::new(total).with_position(position)
     } else {
         indicatif::ProgressBar::hidden()
     };
+    let mut log = PlainProgress::new(progress && !terminal, position, total);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
@@ -128,8 +133,57 @@ pub(crate) fn feed_until(
         }
         if task.stats.records % 4096 == 0 {
             bar.set_position(position);
+            log.tick(position, task.stats.records);
         }
     }
     bar.finish_and_clear();
     Ok(stopped)
+}
+
+/// How often a run that is not on a terminal says where it is
+/// (`TXSTORE_PROGRESS_MS` sets another period).
+fn progress_every() -> std::time::Duration {
+    let ms = std::env::var("TXSTORE_PROGRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    std::time::Duration::from_millis(ms)
+}
+
+/// Plain progress lines on stderr, for a log.
+struct PlainProgress {
+    on: bool,
+    every: std::time::Duration,
+    total: u64,
+    last: std::time::Instant,
+    last_position: u64,
+}
+
+impl PlainProgress {
+    fn new(on: bool, position: u64, total: u64) -> Self {
+        PlainProgress {
+            on,
+            every: progress_every(),
+            total,
+            last: std::time::Instant::now(),
+            last_position: position,
+        }
+    }
+
+    fn tick(&mut self, position: u64, records: u64) {
+        let elapsed = self.last.elapsed();
+        if !self.on || elapsed < self.every {
+            return;
+        }
+        let rate = (position - self.last_position) as f64 / elapsed.as_secs_f64();
+        let eta = (self.total.saturating_sub(position)) as f64 / rate.max(1.0);
+        eprintln!(
+            "progress: byte {position} of {} ({:.1}%), {records} records this run, {:.1} MB/s, eta {eta:.0} s",
+            self.total,
+            100.0 * position as f64 / self.total.max(1) as f64,
+            rate / 1e6
+        );
+        self.last = std::time::Instant::now();
+        self.last_position = position;
+    }
 }
