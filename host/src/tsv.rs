@@ -55,6 +55,23 @@ pub fn unescape(field: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Renders bytes in a diagnostic message: printable ASCII as is, `\\`,
+/// `\t`, `\n` and everything else as `\xNN`.
+pub fn escape_ascii(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'\\' => s.push_str("\\\\"),
+            b'\t' => s.push_str("\\t"),
+            b'\n' => s.push_str("\\n"),
+            0x20..=0x7e => s.push(b as char),
+            _ => s.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    s
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;

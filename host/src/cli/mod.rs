@@ -385,22 +385,6 @@ enum BenchFormat {
     Json,
 }
 
-/// Renders bytes in a diagnostic message: printable ASCII as is, `\\`,
-/// `\t`, `\n` and everything else as `\xNN`.
-pub fn escape(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len());
-    for &b in bytes {
-        match b {
-            b'\\' => s.push_str("\\\\"),
-            b'\t' => s.push_str("\\t"),
-            b'\n' => s.push_str("\\n"),
-            0x20..=0x7e => s.push(b as char),
-            _ => s.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    s
-}
-
 /// `key=value`, for `--option`.
 fn parse_option(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
@@ -988,7 +972,7 @@ fn inspect(guest: &str) -> Result<()> {
 
 /// `txstore inspect` of a processor component (the `processor` world).
 fn inspect_processor(runtime: &Runtime, path: &Path) -> Result<()> {
-    let component = runtime.load_processor(path)?;
+    let component = crate::task::wasm_processor::ProcessorComponent::load(runtime, path)?;
     println!("processor:      {}", path.display());
     println!(
         "world:          {}/processor@{}",

@@ -611,11 +611,11 @@ fn empty_calls(task: &mut Task) -> Result<(), Violation> {
 fn short(key: &[u8]) -> String {
     const SHOWN: usize = 24;
     if key.len() <= SHOWN {
-        return format!("`{}`", crate::cli::escape(key));
+        return format!("`{}`", crate::tsv::escape_ascii(key));
     }
     format!(
         "`{}...` ({} bytes)",
-        crate::cli::escape(&key[..SHOWN]),
+        crate::tsv::escape_ascii(&key[..SHOWN]),
         key.len()
     )
 }

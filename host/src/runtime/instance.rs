@@ -339,7 +339,7 @@ impl StoreInstance {
 /// Says which limit a trap came from, when it came from one, and what the
 /// guest printed last (a Rust guest's panic message): one line, not the
 /// wasm backtrace.
-pub(super) fn explain(
+pub(crate) fn explain(
     e: &wasmtime::Error,
     limits: &Limits,
     stderr: &wasmtime_wasi::p2::pipe::MemoryOutputPipe,

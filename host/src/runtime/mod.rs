@@ -3,17 +3,15 @@
 //! [`InstancePre`](wasmtime::component::InstancePre), each in its own
 //! `Store` with memory, table, instance and time limits.
 
-mod host;
-mod instance;
-mod limiter;
-pub mod processor;
+pub(crate) mod host;
+pub(crate) mod instance;
+pub(crate) mod limiter;
 
 pub use host::GuestState;
 pub use instance::{
     CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError, RANGE_PAGE,
 };
 pub use limiter::MemoryLimitExceeded;
-pub use processor::{ProcessorComponent, WasmProcessor};
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -121,8 +119,6 @@ impl std::fmt::Display for GuestSource {
 pub struct Runtime {
     engine: Engine,
     linker: Linker<GuestState>,
-    /// The `processor` world's imports (WASI and `state`).
-    processor_linker: Linker<processor::ProcessorState>,
     cache_dir: Option<PathBuf>,
 }
 
@@ -172,8 +168,6 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        let mut processor_linker = Linker::new(&engine);
-        processor::add_to_linker(&mut processor_linker)?;
 
         // The ticker lives as long as the engine, which instances keep
         // alive after the Runtime itself is gone: it must not stop earlier,
@@ -191,7 +185,6 @@ impl Runtime {
         Ok(Self {
             engine,
             linker,
-            processor_linker,
             cache_dir,
         })
     }
@@ -259,49 +252,21 @@ impl Runtime {
         })
     }
 
-    #[doc(hidden)]
-    /// Loads a processor component (the `processor` world) from `path`.
-    pub fn load_processor(&self, path: &Path) -> Result<ProcessorComponent> {
-        let started = Instant::now();
-        let label = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| {
-            crate::error::marked(
-                crate::error::Kind::Config,
-                format!("cannot read processor {label}: {e} (task.processor names `kv`, `word-count` or a .wasm file)"),
-            )
-        })?;
-        let checked = (|| {
-            check_is_component(&label, &bytes)?;
-            let hash = hex(&Sha256::digest(&bytes));
-            let (component, cached) = self.compile_cached(&label, &bytes, &hash)?;
-            let (exports, imports) =
-                check_world(&label, &self.engine, &component, World::Processor)?;
-            let pre = self
-                .processor_linker
-                .instantiate_pre(&component)
-                .map_err(|e| link_error(&label, &format!("{e:#}")))?;
-            let pre = processor::bindings::ProcessorPre::new(pre)
-                .map_err(anyhow::Error::from)
-                .with_context(|| {
-                    format!("processor {label} does not implement txstore:store/processor")
-                })?;
-            Ok::<_, anyhow::Error>((pre, cached, hash, exports, imports))
-        })();
-        // Whatever is wrong with the file, it is the config's choice.
-        let (pre, cached, hash, exports, imports) = checked
-            .map_err(|e| crate::error::marked(crate::error::Kind::Config, format!("{e:#}")))?;
-        Ok(ProcessorComponent {
-            label,
-            pre,
-            engine: self.engine.clone(),
-            load: LoadInfo {
-                cached,
-                elapsed: started.elapsed(),
-                hash,
-            },
-            exports,
-            imports,
-        })
+    /// Checks `bytes` are a component of `world` at our version, and
+    /// compiles it (or fetches it from the cache): (component, cached,
+    /// hash, exports, imports).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn compile_checked(
+        &self,
+        label: &str,
+        bytes: &[u8],
+        world: World,
+    ) -> Result<(Component, bool, String, Vec<String>, Vec<String>)> {
+        check_is_component(label, bytes)?;
+        let hash = hex(&Sha256::digest(bytes));
+        let (component, cached) = self.compile_cached(label, bytes, &hash)?;
+        let (exports, imports) = check_world(label, &self.engine, &component, world)?;
+        Ok((component, cached, hash, exports, imports))
     }
 
     fn cache_path(&self, hash: &str) -> Option<PathBuf> {
@@ -462,7 +427,7 @@ const PROVIDED: &str =
 
 /// One line for a failed link, naming the import wasmtime could not match
 /// (its message has the form "component imports instance `NAME`, but ...").
-fn link_error(label: &str, message: &str) -> anyhow::Error {
+pub(crate) fn link_error(label: &str, message: &str) -> anyhow::Error {
     let name = message
         .split_once("imports instance `")
         .or_else(|| message.split_once("imports func `"))
@@ -482,7 +447,7 @@ fn link_error(label: &str, message: &str) -> anyhow::Error {
 
 /// The worlds of wit/ a component may implement.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum World {
+pub(crate) enum World {
     /// A strategy: exports `state-store`, imports `storage`.
     Store,
     /// User logic: exports `processor`, imports `state`.

@@ -16,6 +16,7 @@ pub mod output;
 pub mod partitions;
 pub mod processor;
 pub mod serve;
+pub mod wasm_processor;
 
 use crate::changelog::{Changelog, CleanStats, Record, Replayed};
 use crate::checkpoint::Checkpoint;
@@ -951,7 +952,7 @@ fn processor_for(config: &Config, runtime: &Runtime) -> Result<Box<dyn Processor
             let path = config
                 .processor_path()
                 .expect("a wasm processor has a path");
-            let component = runtime.load_processor(&path)?;
+            let component = wasm_processor::ProcessorComponent::load(runtime, &path)?;
             Box::new(component.instantiate(&config.limits, &config.processor_options())?)
         }
     })

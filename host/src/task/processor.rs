@@ -1,6 +1,6 @@
 //! Processors: the logic that turns an input record into store writes and
 //! output records. The built-ins (`kv`, `word-count`), a wasm component
-//! (`runtime::processor`) and a caller's own Rust type all implement the
+//! ([`super::wasm_processor`]) and a caller's own Rust type all implement the
 //! same [`Processor`] trait and see the store through the same
 //! [`Context`].
 //!

@@ -4,12 +4,13 @@
 //! task's [`Context`], so every read and write goes through the strategy
 //! guest and the task's exactly-once loop like a built-in's.
 
-use super::host::sandbox_wasi;
-use super::limiter::GuestLimiter;
-use super::{Limits, LoadInfo};
+use super::{Context, Input, Processor};
 use crate::error::Error;
-use crate::runtime::CallError;
-use crate::task::{Context, Input, Processor};
+use crate::runtime::host::sandbox_wasi;
+use crate::runtime::limiter::GuestLimiter;
+use crate::runtime::{CallError, Limits, LoadInfo, Runtime, World};
+use std::path::Path;
+use std::time::Instant;
 use anyhow::{Context as _, Result};
 use wasmtime::component::ResourceTable;
 use wasmtime::Store;
@@ -31,8 +32,8 @@ use bindings::txstore::store::types::{Entry, Error as WitError};
 #[derive(Clone)]
 pub struct ProcessorComponent {
     pub label: String,
-    pub(super) pre: bindings::ProcessorPre<ProcessorState>,
-    pub(super) engine: wasmtime::Engine,
+    pre: bindings::ProcessorPre<ProcessorState>,
+    engine: wasmtime::Engine,
     pub load: LoadInfo,
     /// The world's exports and imports, for `inspect`.
     pub exports: Vec<String>,
@@ -173,15 +174,56 @@ impl bindings::txstore::store::state::Host for ProcessorState {
 }
 
 /// Adds the processor world's imports (WASI and `state`) to `linker`.
-pub(super) fn add_to_linker(
-    linker: &mut wasmtime::component::Linker<ProcessorState>,
-) -> Result<()> {
+fn add_to_linker(linker: &mut wasmtime::component::Linker<ProcessorState>) -> Result<()> {
     wasmtime_wasi::p2::add_to_linker_sync(linker)?;
     bindings::Processor::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)?;
     Ok(())
 }
 
 impl ProcessorComponent {
+    /// Loads a processor component (the `processor` world) from `path`,
+    /// compiled by `runtime` (and its cache).
+    pub fn load(runtime: &Runtime, path: &Path) -> Result<Self> {
+        let started = Instant::now();
+        let label = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| {
+            crate::error::marked(
+                crate::error::Kind::Config,
+                format!("cannot read processor {label}: {e} (task.processor names `kv`, `word-count` or a .wasm file)"),
+            )
+        })?;
+        let checked = (|| {
+            let (component, cached, hash, exports, imports) =
+                runtime.compile_checked(&label, &bytes, World::Processor)?;
+            let mut linker = wasmtime::component::Linker::new(runtime.engine());
+            add_to_linker(&mut linker)?;
+            let pre = linker
+                .instantiate_pre(&component)
+                .map_err(|e| crate::runtime::link_error(&label, &format!("{e:#}")))?;
+            let pre = bindings::ProcessorPre::new(pre)
+                .map_err(anyhow::Error::from)
+                .with_context(|| {
+                    format!("processor {label} does not implement txstore:store/processor")
+                })?;
+            Ok::<_, anyhow::Error>((pre, cached, hash, exports, imports))
+        })();
+        // Whatever is wrong with the file, it is the config's choice.
+        let (pre, cached, hash, exports, imports) = checked
+            .map_err(|e| crate::error::marked(crate::error::Kind::Config, format!("{e:#}")))?;
+        Ok(ProcessorComponent {
+            label,
+            pre,
+            engine: runtime.engine().clone(),
+            load: LoadInfo {
+                cached,
+                elapsed: started.elapsed(),
+                hash,
+            },
+            exports,
+            imports,
+        })
+    }
+
     /// A fresh instance under `limits`, configured with `options`.
     pub fn instantiate(
         &self,
@@ -255,7 +297,7 @@ impl WasmProcessor {
     }
 
     fn explain(&self, e: &wasmtime::Error) -> String {
-        super::instance::explain(e, &self.limits, &self.store.data().stderr)
+        crate::runtime::instance::explain(e, &self.limits, &self.store.data().stderr)
     }
 
     /// The most linear memory the processor has held, in bytes.
