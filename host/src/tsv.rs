@@ -71,7 +71,6 @@ pub fn escape_ascii(bytes: &[u8]) -> String {
     s
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

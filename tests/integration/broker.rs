@@ -44,8 +44,13 @@ fn producer(bootstrap: &str, id: &str) -> BaseProducer {
 fn transaction(p: &BaseProducer, topic: &str, values: &[&str], commit: bool) {
     p.begin_transaction().unwrap();
     for v in values {
-        p.send(BaseRecord::<str, str>::to(topic).partition(0).key(v).payload(v))
-            .unwrap();
+        p.send(
+            BaseRecord::<str, str>::to(topic)
+                .partition(0)
+                .key(v)
+                .payload(v),
+        )
+        .unwrap();
     }
     p.flush(T).unwrap();
     if commit {
@@ -66,7 +71,8 @@ fn read(bootstrap: &str, topic: &str, isolation: &str, from: i64) -> Vec<(i64, S
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Offset(from)).unwrap();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(from))
+        .unwrap();
     c.assign(&tpl).unwrap();
     let mut out = Vec::new();
     let deadline = Instant::now() + T;
@@ -125,13 +131,18 @@ fn the_test_broker_keeps_what_the_tests_trust_it_for() {
         .unwrap();
     let offsets = |n: i64| {
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&topic, 0, Offset::Offset(n)).unwrap();
+        tpl.add_partition_offset(&topic, 0, Offset::Offset(n))
+            .unwrap();
         tpl
     };
     let committed_offset = || {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&topic, 0);
-        c.committed_offsets(tpl, T).unwrap().find_partition(&topic, 0).unwrap().offset()
+        c.committed_offsets(tpl, T)
+            .unwrap()
+            .find_partition(&topic, 0)
+            .unwrap()
+            .offset()
     };
     for (n, commit) in [(3, false), (5, true)] {
         p.begin_transaction().unwrap();
@@ -152,7 +163,12 @@ fn the_test_broker_keeps_what_the_tests_trust_it_for() {
     // A second producer with the same id fences the first.
     let second = producer(bootstrap, &format!("{topic}-tx"));
     p.begin_transaction().unwrap();
-    let _ = p.send(BaseRecord::<str, str>::to(&topic).partition(0).key("z").payload("zombie"));
+    let _ = p.send(
+        BaseRecord::<str, str>::to(&topic)
+            .partition(0)
+            .key("z")
+            .payload("zombie"),
+    );
     let _ = p.flush(T);
     assert!(
         p.commit_transaction(T).is_err(),
@@ -196,7 +212,11 @@ fn the_test_broker_reassigns_a_dead_members_partitions() {
     let mut member = p.spawn(&p.config(0, 1, ""), "member");
     let deadline = Instant::now() + T * 2;
     while !p.log("member").contains("assigned") {
-        assert!(Instant::now() < deadline, "the member never joined: {}", p.log("member"));
+        assert!(
+            Instant::now() < deadline,
+            "the member never joined: {}",
+            p.log("member")
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     member.kill().unwrap();

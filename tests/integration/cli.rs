@@ -468,10 +468,17 @@ fn binary_keys_and_values_round_trip_with_hex() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "roll-forward", "");
     let c = config.to_str().unwrap();
-    ok(&txstore(&["put", "--hex", "00ff0a", "e282ac", "--config", c]));
-    assert_eq!(ok(&txstore(&["get", "--hex", "00ff0a", "--config", c])), "€\n");
+    ok(&txstore(&[
+        "put", "--hex", "00ff0a", "e282ac", "--config", c,
+    ]));
     assert_eq!(
-        ok(&txstore(&["get", "--hex", "00FF0A", "--config", c, "--format", "hex"])),
+        ok(&txstore(&["get", "--hex", "00ff0a", "--config", c])),
+        "€\n"
+    );
+    assert_eq!(
+        ok(&txstore(&[
+            "get", "--hex", "00FF0A", "--config", c, "--format", "hex"
+        ])),
         "e282ac\n"
     );
     // The same key typed as text is another key.
@@ -479,7 +486,9 @@ fn binary_keys_and_values_round_trip_with_hex() {
     let bad = txstore(&["get", "--hex", "0g", "--config", c]);
     assert!(stderr(&bad).contains("is not hex"), "{}", stderr(&bad));
     ok(&txstore(&["delete", "--hex", "00ff0a", "--config", c]));
-    assert!(!txstore(&["get", "--hex", "00ff0a", "--config", c]).status.success());
+    assert!(!txstore(&["get", "--hex", "00ff0a", "--config", c])
+        .status
+        .success());
 }
 
 /// SIGTERM (a service stop) ends a file-input run cleanly: it commits,
@@ -568,8 +577,17 @@ fn a_logged_run_shows_plain_progress_without_colour_codes() {
     let input = crate::protocol::input(dir.path(), 20_000);
     let config = crate::protocol::word_count_config(dir.path(), "buffered", "exactly-once");
     let out = txstore_env(
-        &["run", "--config", config.to_str().unwrap(), "--input", input.to_str().unwrap()],
-        &[("TXSTORE_PROGRESS_MS", "1"), ("TXSTORE_LOG", "txstore=info")],
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+        ],
+        &[
+            ("TXSTORE_PROGRESS_MS", "1"),
+            ("TXSTORE_LOG", "txstore=info"),
+        ],
     );
     ok(&out);
     let err = stderr(&out);

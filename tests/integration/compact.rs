@@ -225,3 +225,41 @@ fn run_crashing_recover(config: &Path, point: &str) {
         stderr(&out)
     );
 }
+
+/// Issue 31: with `clean_memory_bytes` too small for the log's keys (an
+/// index of 112 keys, 1,000 live keys), `compact` still brings the log to
+/// about its live size, in several passes, and says so in one line naming
+/// the setting; the store is unchanged.
+#[test]
+fn compact_with_a_small_index_takes_several_passes_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = kv_input(dir.path(), 20_000, 1000);
+    let want = oracle(&input);
+    let config = write_config(
+        dir.path(),
+        "buffered",
+        &format!(
+            "[task]\nprocessor = \"kv\"\ninput = \"input.tsv\"\ncommit_interval_records = 500\n\
+             commit_interval_ms = 60000\n[changelog]\nsegment_bytes = {SEGMENT}\nclean = \"off\"\n\
+             clean_memory_bytes = 4096\n"
+        ),
+    );
+    ok(&txstore(&["run", "--config", config.to_str().unwrap()]));
+    let history = changelog_bytes(dir.path());
+    let out = ok(&txstore(&["compact", "--config", config.to_str().unwrap()]));
+    let live = live_bytes(&want);
+    let compacted = changelog_bytes(dir.path());
+    assert!(
+        compacted < 2 * live && compacted * 4 < history,
+        "{history} -> {compacted} bytes, live state {live}: {out}"
+    );
+    let note = out
+        .lines()
+        .find(|l| l.contains("clean_memory_bytes = 4096"))
+        .unwrap_or_else(|| panic!("no line names clean_memory_bytes: {out}"));
+    assert!(
+        note.contains("112 keys") && note.contains("passes"),
+        "{out}"
+    );
+    assert_eq!(scan(&config), want);
+}

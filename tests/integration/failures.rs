@@ -6,13 +6,19 @@
 
 use crate::kafka::broker;
 use crate::pipeline::{
-    differences, multiset, produce, read_committed, stop, static_config, Pipeline, PARTITIONS,
+    differences, multiset, produce, read_committed, static_config, stop, Pipeline, PARTITIONS,
 };
 use crate::processors::hostile_processor;
 use std::time::{Duration, Instant};
 
 /// Waits for `child` to exit, at most `within`; returns its log.
-fn exits_with_one_error(p: &Pipeline, child: &mut std::process::Child, label: &str, within: Duration, says: &str) {
+fn exits_with_one_error(
+    p: &Pipeline,
+    child: &mut std::process::Child,
+    label: &str,
+    within: Duration,
+    says: &str,
+) {
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -69,7 +75,8 @@ fn a_failing_worker_ends_the_process_with_one_line() {
 /// finishes, and the output is exact.
 #[test]
 fn a_fenced_process_exits_and_its_successor_finishes_exactly() {
-    let Some(bootstrap) = broker("a_fenced_process_exits_and_its_successor_finishes_exactly") else {
+    let Some(bootstrap) = broker("a_fenced_process_exits_and_its_successor_finishes_exactly")
+    else {
         return;
     };
     let p = Pipeline::new(bootstrap, "roll-forward", "kv");
@@ -82,7 +89,11 @@ fn a_fenced_process_exits_and_its_successor_finishes_exactly() {
     let mut second = p.spawn(&static_config(&p, 1, 2, &all), "second");
     let deadline = Instant::now() + Duration::from_secs(120);
     while p.log("second").matches("partition opened").count() < PARTITIONS as usize {
-        assert!(Instant::now() < deadline, "the second never opened: {}", p.log("second"));
+        assert!(
+            Instant::now() < deadline,
+            "the second never opened: {}",
+            p.log("second")
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // More input: the first, if still alive, tries to commit and is fenced.
@@ -119,7 +130,10 @@ fn store_commands_never_fence_a_running_partition() {
         "{}",
         stderr(&refused)
     );
-    assert!(!p.dir.path().join("state-0").join("store").exists(), "a stray store was made");
+    assert!(
+        !p.dir.path().join("state-0").join("store").exists(),
+        "a stray store was made"
+    );
     produce(bootstrap, &p.input, &input[..input.len() / 2]);
     let mut run = p.spawn(&config, "p0");
     p.wait_for_output(expected.len() / 10, Duration::from_secs(120), "queries");

@@ -350,15 +350,22 @@ fn a_replay_whose_records_were_deleted_stops_with_one_line() {
     let config = kafka_config(dir.path(), "roll-forward", bootstrap, &topic, INTERVAL);
     // The changelog commits its third transaction; the store is still at the second.
     run_crashing(&config, "after-changelog-commit@3");
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, 0, Offset::End).unwrap();
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let deleted = futures_executor::block_on(admin.delete_records(&tpl, &options));
     let low = {
-        let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
-        c.fetch_watermarks(&topic, 0, Duration::from_secs(10)).unwrap().0
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .unwrap();
+        c.fetch_watermarks(&topic, 0, Duration::from_secs(10))
+            .unwrap()
+            .0
     };
     if deleted.is_err() || low == 0 {
         // noida-db 0.2.3 answers DeleteRecords without deleting anything.
@@ -371,13 +378,19 @@ fn a_replay_whose_records_were_deleted_stops_with_one_line() {
     let before = std::fs::read_dir(dir.path().join("state")).unwrap().count();
     let out = txstore(&["run", "--config", config.to_str().unwrap()]);
     let err = stderr(&out);
-    assert!(!out.status.success(), "the run accepted a changelog without its records: {err}");
+    assert!(
+        !out.status.success(),
+        "the run accepted a changelog without its records: {err}"
+    );
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
     assert!(
         errors.len() == 1 && errors[0].contains(&format!("topic `{topic}` partition 0")),
         "one error line naming the partition expected: {err}"
     );
-    assert_eq!(before, std::fs::read_dir(dir.path().join("state")).unwrap().count());
+    assert_eq!(
+        before,
+        std::fs::read_dir(dir.path().join("state")).unwrap().count()
+    );
 }
 
 /// Two instances with one transactional id: the second fences the first,

@@ -42,7 +42,8 @@ fn final_states(
         let state = states.entry(*p).or_default();
         match processor {
             "word-count" => {
-                let line = String::from_utf8_lossy(value.as_deref().unwrap_or_default()).into_owned();
+                let line =
+                    String::from_utf8_lossy(value.as_deref().unwrap_or_default()).into_owned();
                 for w in line.split_whitespace() {
                     let n = state
                         .get(w.as_bytes())
@@ -185,7 +186,10 @@ fn kill_loop(guest: &str, processor: &str, kills: usize, seed: u64) {
             );
         }
     }
-    eprintln!("{what}: {kills} kills, {} rotations, output and stores exact", run.rotation);
+    eprintln!(
+        "{what}: {kills} kills, {} rotations, output and stores exact",
+        run.rotation
+    );
 }
 
 fn unhex(s: &str) -> Vec<u8> {
@@ -219,9 +223,15 @@ fn kills() -> usize {
 fn every_guest_stays_exact_under_repeated_kills_and_moves() {
     let started = Instant::now();
     let seed = seed();
-    for (n, guest) in ["wipe-on-crash", "roll-forward", "roll-back", "roll-back-snapshot", "buffered"]
-        .into_iter()
-        .enumerate()
+    for (n, guest) in [
+        "wipe-on-crash",
+        "roll-forward",
+        "roll-back",
+        "roll-back-snapshot",
+        "buffered",
+    ]
+    .into_iter()
+    .enumerate()
     {
         kill_loop(guest, "word-count", kills(), seed.wrapping_add(n as u64));
     }

@@ -204,7 +204,10 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
         committed.mid_run,
         uncommitted.mid_run
     );
-    assert!(!txstore::task::serve::is_served(&state), "the run's socket outlived it");
+    assert!(
+        !txstore::task::serve::is_served(&state),
+        "the run's socket outlived it"
+    );
     // After the run the store answers offline, with the whole input.
     assert_eq!(prefix_of(&scan(config, "committed")), Ok(RECORDS));
     eprintln!(
@@ -215,26 +218,42 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
 
 /// Starts `txstore run` on `input` with the kv processor and waits until
 /// it serves live queries.
-fn start_run(dir: &std::path::Path, input: &std::path::Path, env: &[(&str, &str)]) -> std::process::Child {
+fn start_run(
+    dir: &std::path::Path,
+    input: &std::path::Path,
+    env: &[(&str, &str)],
+) -> std::process::Child {
     let config = write_config(
         dir,
         "buffered",
         "[task]\nprocessor = \"kv\"\ncommit_interval_records = 1000\ncommit_interval_ms = 3600000\n",
     );
     let mut cmd = Command::new(bin());
-    cmd.args(["run", "--config", config.to_str().unwrap(), "--input", input.to_str().unwrap()])
-        .env("XDG_CACHE_HOME", cache_dir())
-        .env_remove("TXSTORE_CRASH_AT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ])
+    .env("XDG_CACHE_HOME", cache_dir())
+    .env_remove("TXSTORE_CRASH_AT")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut run = cmd.spawn().unwrap();
     let started = Instant::now();
     while !txstore::task::serve::is_served(&dir.join("state")) {
-        assert!(run.try_wait().unwrap().is_none(), "the run ended before it served");
-        assert!(started.elapsed() < Duration::from_secs(60), "no live-query socket");
+        assert!(
+            run.try_wait().unwrap().is_none(),
+            "the run ended before it served"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no live-query socket"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     run
@@ -254,7 +273,9 @@ fn finish(mut run: std::process::Child) {
 fn live_queries_do_not_depend_on_the_clients_environment() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("input.tsv");
-    let text: String = (0..600_000).map(|i| format!("k{}\t{i}\n", i % KEYS)).collect();
+    let text: String = (0..600_000)
+        .map(|i| format!("k{}\t{i}\n", i % KEYS))
+        .collect();
     std::fs::write(&input, text).unwrap();
     let run = start_run(dir.path(), &input, &[("TMPDIR", "/tmp")]);
     let long = dir.path().join("x".repeat(120));
@@ -293,7 +314,11 @@ fn a_hostile_client_cannot_stop_or_stall_the_task() {
     // A range whose start is after its end: the client's error, not the task's.
     let out = txstore(&["scan", "--config", c, "--from", "z", "--to", "a"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("start is after its end"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("start is after its end"),
+        "{}",
+        stderr(&out)
+    );
 
     // Idle and slow clients, more than the task serves at once.
     let name = txstore::task::serve::socket_name(&state).unwrap();
@@ -311,12 +336,26 @@ fn a_hostile_client_cannot_stop_or_stall_the_task() {
         }
     });
     // The task keeps committing meanwhile: read-committed moves on.
-    let first = ok(&txstore(&["scan", "--config", c, "--isolation", "committed", "--count"]));
+    let first = ok(&txstore(&[
+        "scan",
+        "--config",
+        c,
+        "--isolation",
+        "committed",
+        "--count",
+    ]));
     let at = |key: &str| -> u64 {
-        ok(&txstore(&["get", key, "--config", c, "--isolation", "committed"]))
-            .trim()
-            .parse()
-            .unwrap_or(0)
+        ok(&txstore(&[
+            "get",
+            key,
+            "--config",
+            c,
+            "--isolation",
+            "committed",
+        ]))
+        .trim()
+        .parse()
+        .unwrap_or(0)
     };
     let before = at("k0");
     let started = Instant::now();
@@ -337,9 +376,25 @@ fn a_hostile_client_cannot_stop_or_stall_the_task() {
     let _ = slow.join();
 
     // A scan of more pages than one answer holds: every key once, in order.
-    let keys = ok(&txstore(&["scan", "--config", c, "--isolation", "committed", "--from", "d", "--to", "e"]));
-    let keys: Vec<&str> = keys.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    let keys = ok(&txstore(&[
+        "scan",
+        "--config",
+        c,
+        "--isolation",
+        "committed",
+        "--from",
+        "d",
+        "--to",
+        "e",
+    ]));
+    let keys: Vec<&str> = keys
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
     assert_eq!(keys.len(), 10_000, "{first}");
-    assert!(keys.windows(2).all(|w| w[0] < w[1]), "the pages overlap or go back");
+    assert!(
+        keys.windows(2).all(|w| w[0] < w[1]),
+        "the pages overlap or go back"
+    );
     finish(run);
 }

@@ -301,7 +301,10 @@ fn a_misbehaving_processor_is_stopped_by_the_sandbox() {
         ("grow", "exceeded its memory limit of 32 MiB"),
         ("trap", "planted trap on key k3"),
         ("refuse", "refused a record: refused key k3"),
-        ("put-flood", "bytes of writes for one record (limits.record_write_bytes)"),
+        (
+            "put-flood",
+            "bytes of writes for one record (limits.record_write_bytes)",
+        ),
         ("output-flood", "more than limits.record_outputs = 100000"),
     ] {
         let dir = tempfile::tempdir().unwrap();

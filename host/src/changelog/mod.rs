@@ -63,11 +63,16 @@ pub fn kafka_settings(config: &Config) -> Result<KafkaSettings> {
     // lag shows in Kafka's own tools.
     let (group_id, offsets) = match (config.kafka_input(), config.partition_task) {
         (Some(input), Some(p)) => (
-            input.group_id.clone().unwrap_or_else(|| format!("txstore-{}", config.store.name)),
+            input
+                .group_id
+                .clone()
+                .unwrap_or_else(|| format!("txstore-{}", config.store.name)),
             (input.topic.clone(), p),
         ),
         _ => (
-            c.group_id.clone().unwrap_or_else(|| transactional_id.clone()),
+            c.group_id
+                .clone()
+                .unwrap_or_else(|| transactional_id.clone()),
             (topic.clone(), c.partition),
         ),
     };
@@ -202,14 +207,19 @@ mod tests {
     fn kafka_settings_fill_in_defaults() {
         let base = "[store]\nname = \"wc\"\nguest = \"g\"\nstate_dir = \"s\"\n";
         let kafka = "[changelog]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n";
-        let parse = |extra: &str| Config::parse(&format!("{base}{extra}"), "c.toml", Path::new("/etc")).unwrap();
+        let parse = |extra: &str| {
+            Config::parse(&format!("{base}{extra}"), "c.toml", Path::new("/etc")).unwrap()
+        };
         let c = parse(&format!("{kafka}partition = 3\n"));
         let k = kafka_settings(&c).unwrap();
         assert_eq!(k.topic, "wc-changelog");
         assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
         assert_eq!(k.group_id, k.transactional_id);
         assert_eq!(k.topic_partitions, 4);
-        assert_eq!((k.offsets_topic.as_str(), k.offsets_partition), ("wc-changelog", 3));
+        assert_eq!(
+            (k.offsets_topic.as_str(), k.offsets_partition),
+            ("wc-changelog", 3)
+        );
         // A Kafka input's partition task: positions go to the input's group.
         let c = parse(&format!(
             "[task]\nthreads = 2\noutput = {{ kind = \"kafka\", topic = \"out\" }}\n\
@@ -218,7 +228,10 @@ mod tests {
         let p3 = c.for_partition(3, 6);
         assert_eq!(p3.state_dir(), PathBuf::from("/etc/s/wc-3"));
         let k = kafka_settings(&p3).unwrap();
-        assert_eq!((k.topic.as_str(), k.partition, k.topic_partitions), ("wc-changelog", 3, 6));
+        assert_eq!(
+            (k.topic.as_str(), k.partition, k.topic_partitions),
+            ("wc-changelog", 3, 6)
+        );
         assert_eq!(k.transactional_id, "txstore-wc-changelog-3");
         assert_eq!(k.output_topic.as_deref(), Some("out"));
         assert_eq!(k.group_id, "txstore-wc");

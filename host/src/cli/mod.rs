@@ -696,11 +696,17 @@ pub fn main(cli: Cli) -> Result<()> {
             if !live {
                 let (mut task, _) = open(&config)?;
                 let mut failed = Ok(());
-                task.store().range_pages(from, to, isolation.into(), limit.unwrap_or(usize::MAX), |page| {
-                    if failed.is_ok() {
-                        failed = each(page);
-                    }
-                })?;
+                task.store().range_pages(
+                    from,
+                    to,
+                    isolation.into(),
+                    limit.unwrap_or(usize::MAX),
+                    |page| {
+                        if failed.is_ok() {
+                            failed = each(page);
+                        }
+                    },
+                )?;
                 failed?;
                 task.close()?;
             }
@@ -718,8 +724,10 @@ pub fn main(cli: Cli) -> Result<()> {
             hex,
             config,
         } => {
-            let record =
-                crate::changelog::Record::Put(arg_bytes("key", &key, hex)?, arg_bytes("value", &value, hex)?);
+            let record = crate::changelog::Record::Put(
+                arg_bytes("key", &key, hex)?,
+                arg_bytes("value", &value, hex)?,
+            );
             let (mut task, _) = open(&config)?;
             task.write(&[record])?;
             task.commit()?;

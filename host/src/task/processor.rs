@@ -472,10 +472,14 @@ mod tests {
 
     #[test]
     fn words_are_unicode_letters_and_digits_lowercased() {
-        let got: Vec<String> = words("Café naïve Über straße, ASCII-only 42x \u{2014} x".as_bytes())
-            .map(|w| String::from_utf8(w).unwrap())
-            .collect();
-        assert_eq!(got, ["café", "naïve", "über", "straße", "ascii", "only", "42x", "x"]);
+        let got: Vec<String> =
+            words("Café naïve Über straße, ASCII-only 42x \u{2014} x".as_bytes())
+                .map(|w| String::from_utf8(w).unwrap())
+                .collect();
+        assert_eq!(
+            got,
+            ["café", "naïve", "über", "straße", "ascii", "only", "42x", "x"]
+        );
         // Bytes that are not UTF-8 separate words, as punctuation does.
         let got: Vec<Vec<u8>> = words(b"ab\xffcd").collect();
         assert_eq!(got, [b"ab".to_vec(), b"cd".to_vec()]);

@@ -363,9 +363,7 @@ fn serve_client(stream: &UnixStream, queries: &SyncSender<Pending>) -> Result<()
             // The run ended or is stuck: the client says so itself.
             Err(_) => return Ok(()),
         },
-        Err(TrySendError::Full(_)) => {
-            Answer::Error(format!("{BUSY}: too many queries waiting"))
-        }
+        Err(TrySendError::Full(_)) => Answer::Error(format!("{BUSY}: too many queries waiting")),
         Err(TrySendError::Disconnected(_)) => return Ok(()),
     };
     write_line(stream, &answer, Instant::now() + DELIVERY_TIMEOUT)

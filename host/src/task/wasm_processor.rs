@@ -9,9 +9,9 @@ use crate::error::Error;
 use crate::runtime::host::sandbox_wasi;
 use crate::runtime::limiter::GuestLimiter;
 use crate::runtime::{CallError, Limits, LoadInfo, Runtime, World};
+use anyhow::{Context as _, Result};
 use std::path::Path;
 use std::time::Instant;
-use anyhow::{Context as _, Result};
 use wasmtime::component::ResourceTable;
 use wasmtime::Store;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -88,9 +88,13 @@ impl ProcessorState {
         *total += bytes as u64;
         let (max_calls, max_bytes) = self.write_limits;
         let over = if *calls > max_calls {
-            Some(format!("more than {max_calls} writes for one record (limits.record_writes)"))
+            Some(format!(
+                "more than {max_calls} writes for one record (limits.record_writes)"
+            ))
         } else if *total > max_bytes {
-            Some(format!("more than {max_bytes} bytes of writes for one record (limits.record_write_bytes)"))
+            Some(format!(
+                "more than {max_bytes} bytes of writes for one record (limits.record_write_bytes)"
+            ))
         } else {
             None
         };
