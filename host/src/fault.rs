@@ -17,7 +17,9 @@
 //!   read so far as if it were all.
 //! - `changelog-drop`: each read of a Kafka changelog replay loses every
 //!   message from its N-th on, as a broker or client that drops batches
-//!   would (the replay must prove itself incomplete and stop).
+//!   would (the replay must prove itself incomplete and stop);
+//! - `changelog-hole`: each read loses the ten messages at offsets N to
+//!   N+9 and gets the rest, as after a segment deleted in the middle.
 //!
 //! The rule the host keeps (PostgreSQL's "fsyncgate", 2018): after a failed
 //! fsync the kernel may have dropped the dirty pages and will report
@@ -43,6 +45,7 @@ pub const KINDS: &[&str] = &[
     "storage-write",
     "storage-read",
     "changelog-drop",
+    "changelog-hole",
 ];
 
 /// What is counted: one counter per class of call.
@@ -94,8 +97,10 @@ pub enum Fault {
     NoSpace,
     /// Part of the buffer is written, then EIO.
     Short,
-    /// The message is lost on its way (a read only).
+    /// The message is lost on its way (a read only), and every later one.
     Drop,
+    /// The messages at offsets N to N+9 are lost (a read only).
+    Hole,
 }
 
 impl Fault {
@@ -104,7 +109,7 @@ impl Fault {
         let (code, why) = match self {
             Fault::Eio | Fault::Short => (5, "input/output error"),
             Fault::NoSpace => (28, "no space left on device"),
-            Fault::Drop => (5, "message dropped"),
+            Fault::Drop | Fault::Hole => (5, "message dropped"),
         };
         std::io::Error::new(
             std::io::Error::from_raw_os_error(code).kind(),
@@ -142,6 +147,7 @@ impl std::str::FromStr for Injection {
             "storage-write" => (Class::StorageWrite, Fault::NoSpace),
             "storage-read" => (Class::StorageRead, Fault::Eio),
             "changelog-drop" => (Class::ChangelogRead, Fault::Drop),
+            "changelog-hole" => (Class::ChangelogRead, Fault::Hole),
             _ => return Err(bad()),
         };
         Ok(Injection { class, fault, nth })
@@ -153,6 +159,7 @@ impl std::fmt::Display for Injection {
         let kind = match (self.class, self.fault) {
             (Class::Write, Fault::NoSpace) => "write-enospc",
             (Class::Write, _) => "write-short",
+            (Class::ChangelogRead, Fault::Hole) => "changelog-hole",
             (Class::ChangelogRead, _) => "changelog-drop",
             (c, _) => c.name(),
         };
@@ -190,14 +197,14 @@ pub fn hit(class: Class) -> Option<Fault> {
     }
 }
 
-/// The N of an injection armed for `class`, for a caller that counts
-/// its own calls (a changelog read counts per read, not per process).
-pub fn armed(class: Class) -> Option<u64> {
+/// The fault and N of an injection armed for `class`, for a caller that
+/// counts its own calls (a changelog read counts per read, not per process).
+pub fn armed(class: Class) -> Option<(Fault, u64)> {
     ARMED
         .get()
         .and_then(Option::as_ref)
         .filter(|i| i.class == class)
-        .map(|i| i.nth)
+        .map(|i| (i.fault, i.nth))
 }
 
 /// Calls counted so far, per class, in `CLASSES` order.

@@ -304,34 +304,41 @@ fn a_replay_after_an_aborted_transaction_is_exact() {
 }
 
 /// A consumer that drops batches (planted: every read of the replay loses
-/// its messages from the tenth on): the start stops with one line naming
-/// the partition and the offsets, instead of carrying on from the old
-/// state; the next start, with nothing dropped, is exact.
+/// its messages from the tenth on, or the ten at offsets 1100 to 1109, as a
+/// segment deleted in the middle would): the start stops with one line naming the
+/// partition and the offsets, instead of carrying on from the old state;
+/// the next start, with nothing dropped, is exact.
 #[test]
 fn a_replay_that_cannot_prove_it_read_everything_stops() {
     let Some(bootstrap) = broker("a_replay_that_cannot_prove_it_read_everything_stops") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let input = input(dir.path(), LINES);
-    let topic = fresh_topic("dropped");
-    let config = kafka_config(dir.path(), "buffered", bootstrap, &topic, INTERVAL);
-    run_crashing(&config, "after-changelog-commit@3");
-    let out = txstore_env(
-        &["run", "--config", config.to_str().unwrap()],
-        &[("TXSTORE_IO_ERROR", "changelog-drop:10")],
-    );
-    let err = stderr(&out);
-    assert!(!out.status.success(), "a short replay was accepted: {err}");
-    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
-    assert!(
-        errors.len() == 1
-            && errors[0].contains(&format!("topic `{topic}` partition 0"))
-            && errors[0].contains("is not complete"),
-        "one error line naming the partition expected: {err}"
-    );
-    run_to_end(&config);
-    assert_eq!(shell_count(&input), store_counts(&config));
+    // The tail lost, and a hole in the middle (as a deleted segment leaves).
+    for fault in ["changelog-drop:10", "changelog-hole:1100"] {
+        let dir = tempfile::tempdir().unwrap();
+        let input = input(dir.path(), LINES);
+        let topic = fresh_topic("dropped");
+        let config = kafka_config(dir.path(), "buffered", bootstrap, &topic, INTERVAL);
+        run_crashing(&config, "after-changelog-commit@3");
+        let out = txstore_env(
+            &["run", "--config", config.to_str().unwrap()],
+            &[("TXSTORE_IO_ERROR", fault)],
+        );
+        let err = stderr(&out);
+        assert!(
+            !out.status.success(),
+            "{fault}: a short replay was accepted: {err}"
+        );
+        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        assert!(
+            errors.len() == 1
+                && errors[0].contains(&format!("topic `{topic}` partition 0"))
+                && errors[0].contains("is not complete"),
+            "{fault}: one error line naming the partition expected: {err}"
+        );
+        run_to_end(&config);
+        assert_eq!(shell_count(&input), store_counts(&config), "{fault}");
+    }
 }
 
 /// Records the store needs deleted from the changelog (an operator's

@@ -41,7 +41,8 @@ impl KafkaLog {
         let mut proof = ReplayProof::new(from, end, self.last_marker.map(|(seq, _)| seq));
         let mut compaction: Option<Compaction> = None;
         let mut last_progress = Instant::now();
-        // A test's planted fault: this read loses its messages from the N-th on.
+        // A test's planted fault: this read loses messages (from its N-th
+        // on, or those at offsets N to N+9).
         let drop_from = crate::fault::armed(crate::fault::Class::ChangelogRead);
         let mut read = 0u64;
         let result = (|| -> std::result::Result<(), Replay> {
@@ -53,7 +54,12 @@ impl KafkaLog {
                             break;
                         }
                         read += 1;
-                        if drop_from.is_some_and(|n| read >= n) {
+                        let lost = match drop_from {
+                            Some((crate::fault::Fault::Hole, n)) => (n..n + 10).contains(&offset),
+                            Some((_, n)) => read >= n,
+                            None => false,
+                        };
+                        if lost {
                             continue;
                         }
                         if offset >= from {
