@@ -386,7 +386,7 @@ impl EmbeddedLog {
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<Self> {
         file::create_dir_all(dir)
             .with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
-        let lock = crate::task::lock_dir(dir, "changelog directory")?;
+        let lock = crate::file::lock_dir(dir, "changelog directory")?;
         let mut segments = Vec::new();
         let mut leftovers = Vec::new();
         for entry in

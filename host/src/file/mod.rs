@@ -13,6 +13,7 @@
 pub mod power;
 
 use crate::fault::{self, Class, Fault};
+use anyhow::Context as _;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -220,4 +221,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         return Ok(());
     }
     sync_dir(dir)
+}
+
+/// Takes the exclusive lock of `dir` (a `LOCK` file), so that no second
+/// process (any backend, any config sharing the directory) writes there.
+pub fn lock_dir(dir: &Path, what: &str) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(crate::error::marked(
+            crate::error::Kind::InUse,
+            format!(
+                "{what} {} is in use by another txstore process (it holds {}); stop it first",
+                dir.display(),
+                path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }

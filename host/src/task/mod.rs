@@ -134,31 +134,7 @@ impl std::fmt::Debug for Task {
     }
 }
 
-/// Takes the exclusive lock of `dir` (a `LOCK` file), so that no second
-/// process (any backend, any config sharing the directory) writes there.
-pub fn lock_dir(dir: &Path, what: &str) -> Result<std::fs::File> {
-    let path = dir.join("LOCK");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open lock file {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(marked(
-            Kind::InUse,
-            format!(
-                "{what} {} is in use by another txstore process (it holds {}); stop it first",
-                dir.display(),
-                path.display()
-            ),
-        )),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("cannot lock {}", path.display()))
-        }
-    }
-}
+pub use crate::file::lock_dir;
 
 fn action_name(a: RecoveryAction) -> &'static str {
     match a {

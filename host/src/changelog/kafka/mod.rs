@@ -306,6 +306,12 @@ impl KafkaLog {
         if let Some(v) = value {
             r = r.payload(&v[..]);
         }
+        self.produce(r, &format!("produce to topic `{topic}`"))
+    }
+
+    /// Sends `r`, waiting while the local queue is full (serving delivery
+    /// reports) up to the timeout; `op` names the operation in an error.
+    fn produce(&self, mut r: BaseRecord<'_, [u8], [u8]>, op: &str) -> Result<()> {
         let deadline = Instant::now() + self.s.timeout;
         loop {
             match self.producer.send(r) {
@@ -313,11 +319,10 @@ impl KafkaLog {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if Instant::now() < deadline =>
                 {
-                    // The local queue is full: serve delivery reports, retry.
                     self.producer.poll(Duration::from_millis(10));
                     r = back;
                 }
-                Err((e, _)) => return Err(self.error(&format!("produce to topic `{topic}`"), e)),
+                Err((e, _)) => return Err(self.error(op, e)),
             }
         }
     }
@@ -406,7 +411,7 @@ impl KafkaLog {
     fn send_marker(&self, m: &Marker, now_ms: i64) -> Result<()> {
         let value = m.encode();
         let position = m.input_position.to_be_bytes();
-        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.s.topic)
+        let r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.s.topic)
             .partition(self.s.partition)
             .key(MARKER_KEY)
             .payload(&value[..])
@@ -415,19 +420,7 @@ impl KafkaLog {
                 key: END_HEADER,
                 value: Some(&position[..]),
             }));
-        let deadline = Instant::now() + self.s.timeout;
-        loop {
-            match self.producer.send(r) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                    if Instant::now() < deadline =>
-                {
-                    self.producer.poll(Duration::from_millis(10));
-                    r = back;
-                }
-                Err((e, _)) => return Err(self.error("produce the transaction marker", e)),
-            }
-        }
+        self.produce(r, "produce the transaction marker")
     }
 
     /// Runs a transactional call, calling it again while librdkafka says
