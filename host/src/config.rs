@@ -61,7 +61,7 @@ pub enum BackendKind {
 }
 
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum,
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize, clap::ValueEnum,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Guarantee {

@@ -186,7 +186,7 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         ops: usize,
         /// Most crash points per protocol step and for commit calls
-        /// (evenly spread, first and last included; default 16, 64 with
+        /// (evenly spread, first and last included; default 12, 64 with
         /// --all). Every one is also crashed again at each point of its
         /// own recovery.
         #[arg(long)]
@@ -214,9 +214,14 @@ enum Command {
         no_io_errors: bool,
         /// Guarantees to explore, each in full: the task's start-up path
         /// differs (under at-least-once a transactional guest recovers from
-        /// a checkpoint written after every commit).
-        #[arg(long, value_delimiter = ',', default_values_t = [Guarantee::ExactlyOnce])]
+        /// a checkpoint written after every commit). Default: the quick
+        /// pass under both, the full pass under exactly-once.
+        #[arg(long, value_delimiter = ',')]
         guarantees: Vec<Guarantee>,
+        /// Run the quick pass only (every kind of crash point once or
+        /// twice, under each guarantee): most bugs show in a minute.
+        #[arg(long)]
+        quick: bool,
         /// An option for the guest's `init`, as `key=value` (repeatable):
         /// test the strategy with the settings it will run with.
         #[arg(long = "option", value_name = "KEY=VALUE", value_parser = parse_option)]
@@ -465,6 +470,7 @@ pub fn main(cli: Cli) -> Result<()> {
         modes,
         no_io_errors,
         guarantees,
+        quick,
         options,
         fail_fast,
         json,
@@ -476,7 +482,13 @@ pub fn main(cli: Cli) -> Result<()> {
             guests.extend(txstore_artifacts::names().map(str::to_string));
         }
         let random_seeds = if all { seeds.max(16) } else { seeds };
-        let max_points = max_points.unwrap_or(if all { 64 } else { 16 });
+        let max_points = max_points.unwrap_or(if all { 64 } else { 12 });
+        let both = vec![Guarantee::ExactlyOnce, Guarantee::AtLeastOnce];
+        let (quick_guarantees, guarantees) = match (guarantees.is_empty(), all) {
+            (false, _) => (guarantees.clone(), guarantees),
+            (true, true) => (both.clone(), both),
+            (true, false) => (both, vec![Guarantee::ExactlyOnce]),
+        };
         let opts = crate::conformance::Options {
             guests,
             seed,
@@ -491,9 +503,11 @@ pub fn main(cli: Cli) -> Result<()> {
             modes,
             io_errors: !no_io_errors,
             guarantees,
+            quick: quick_guarantees,
+            quick_only: quick,
             guest_options: options,
             fail_fast,
-            progress: std::io::stderr().is_terminal(),
+            progress: true,
             scratch,
             ..Default::default()
         };
