@@ -464,7 +464,7 @@ impl Config {
     /// assert!(err.to_string().contains("txstore.toml:5"), "{err}");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn load(path: &Path) -> Result<Self, crate::Error> {
+    pub fn load(path: &Path) -> Result<Self, crate::error::Error> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             crate::error::marked(
                 crate::error::Kind::Config,
@@ -490,9 +490,9 @@ impl Config {
     /// assert_eq!(config.state_dir(), std::path::Path::new("/srv/s"));
     /// # Ok::<(), txstore::Error>(())
     /// ```
-    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Self, crate::Error> {
+    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Self, crate::error::Error> {
         Self::parse_inner(text, origin, base).map_err(|e| {
-            crate::Error::Config(crate::error::marked(
+            crate::error::Error::Config(crate::error::marked(
                 crate::error::Kind::Config,
                 format!("{e:#}"),
             ))

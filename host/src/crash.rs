@@ -197,7 +197,7 @@ pub struct PowerReport {
 
 /// What a `+flush` crash runs before aborting (the open storage's flush).
 static FLUSH_HOOKS: Mutex<Vec<FlushHook>> = Mutex::new(Vec::new());
-/// What a `+power` crash runs before aborting (storage, then files).
+/// What a `+power` crash runs before aborting (storage; files last).
 static POWER_HOOKS: Mutex<Vec<PowerHook>> = Mutex::new(Vec::new());
 
 /// The armed crash's mode, if a point is armed.
@@ -214,6 +214,17 @@ pub fn on_flush_crash(flush: FlushHook) {
             .unwrap_or_else(|e| e.into_inner())
             .push(flush);
     }
+}
+
+/// The file layer's power loss, run after every other hook: storage writes
+/// reach files, so what files keep is decided last. Set when the file
+/// layer starts tracking a state directory ([`on_power_crash_last`]).
+static FILES_HOOK: std::sync::OnceLock<PowerHook> = std::sync::OnceLock::new();
+
+/// Registers the hook that runs last in a `+power` crash (the file layer;
+/// the first registration stays).
+pub fn on_power_crash_last(hook: PowerHook) {
+    let _ = FILES_HOOK.set(hook);
 }
 
 /// Registers `hook` to run before a `+power` crash (in registration order).
@@ -311,7 +322,13 @@ pub fn power_loss(at: &str, seed: Option<u64>) -> ! {
             parts.push(r.summary);
         }
     }
-    let files = crate::file::power_loss(seed);
+    let files = FILES_HOOK.get().map_or_else(
+        || PowerReport {
+            summary: "files: not simulated".into(),
+            choices: 0,
+        },
+        |hook| hook(seed),
+    );
     choices += files.choices;
     parts.push(files.summary);
     eprintln!(

@@ -5,6 +5,7 @@
 //! Inside the crate errors are `anyhow` chains; the public API turns them
 //! into an [`Error`] by looking for the typed causes below in the chain.
 
+pub(crate) use crate::cause::{marked, Kind, Marked};
 use crate::runtime::CallError;
 
 /// Why an operation of the library failed.
@@ -170,40 +171,6 @@ impl From<CallError> for Error {
     }
 }
 
-/// What an internal error is, when its message alone would not tell a
-/// caller (see [`Error`]'s variants).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Config,
-    InUse,
-    Fenced,
-    Processor,
-}
-
-/// An internal error tagged with its [`Kind`].
-#[derive(Debug)]
-pub(crate) struct Marked {
-    pub kind: Kind,
-    pub message: String,
-}
-
-impl std::fmt::Display for Marked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Marked {}
-
-/// An `anyhow` error of `kind` saying `message`.
-pub(crate) fn marked(kind: Kind, message: impl Into<String>) -> anyhow::Error {
-    Marked {
-        kind,
-        message: message.into(),
-    }
-    .into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,8 +180,8 @@ mod tests {
     #[test]
     fn variants_follow_the_typed_cause() {
         let dir = tempfile::tempdir().unwrap();
-        let (_held, _) = crate::TaskBuilder::new(dir.path()).open().unwrap();
-        let err = crate::TaskBuilder::new(dir.path()).open().unwrap_err();
+        let _held = crate::file::lock_dir(dir.path(), "state directory").unwrap();
+        let err = Error::from(crate::file::lock_dir(dir.path(), "state directory").unwrap_err());
         assert!(matches!(err, Error::InUse(_)), "{err}");
         let back = Error::from(anyhow::Error::from(err).context("outer"));
         assert!(matches!(back, Error::InUse(_)), "{back}");

@@ -69,6 +69,7 @@
 
 #[doc(hidden)]
 pub mod bench;
+mod cause;
 #[doc(hidden)]
 pub mod changelog;
 #[doc(hidden)]

@@ -61,7 +61,7 @@ mod index;
 #[cfg(test)]
 mod tests;
 
-use super::embedded::{
+use super::frame::{
     decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA,
     MAX_FRAME, OP_DELETE,
 };
@@ -419,7 +419,7 @@ impl<'a> Pass<'a> {
             deletes_below,
             clean_to,
         };
-        super::embedded::encode(&mut header, KIND_CLEANED, *base, &[&encode_header(h)]);
+        super::frame::encode(&mut header, KIND_CLEANED, *base, &[&encode_header(h)]);
         out.write_all(&header).map_err(WriteFailed)?;
         let mut len = header.len() as u64;
         let mut kept_since_commit = 0u64;
@@ -458,7 +458,7 @@ impl<'a> Pass<'a> {
                         }
                     }
                     KIND_COMMIT => {
-                        let (position, check) = super::embedded::decode_commit(&frame.payload)
+                        let (position, check) = super::frame::decode_commit(&frame.payload)
                             .context("commit frame payload is not 8 or 12 bytes")?;
                         last = Some(CommitInfo {
                             offset: frame.offset + 1,

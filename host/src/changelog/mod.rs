@@ -9,6 +9,7 @@
 
 pub mod clean;
 pub mod embedded;
+mod frame;
 pub mod kafka;
 
 pub use clean::CleanStats;

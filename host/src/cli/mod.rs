@@ -204,6 +204,10 @@ enum Command {
         /// seedless one that keeps nothing unsynced.
         #[arg(long, default_value_t = 2)]
         power_seeds: u64,
+        /// Second crashes per crashed state, spread over the storage calls
+        /// of its recovery: a number (default 6) or `all` (with --all).
+        #[arg(long, value_name = "N|all", value_parser = parse_recovery_points)]
+        recovery_points: Option<RecoveryPoints>,
         /// Crash modes to explore: lossy (abort), +flush (storage keeps
         /// every write), power (simulated machine crash).
         #[arg(long, value_delimiter = ',', default_values_t = ["lossy".to_string(), "+flush".to_string(), "power".to_string()],
@@ -391,6 +395,19 @@ enum BenchFormat {
 }
 
 /// `key=value`, for `--option`.
+/// `--recovery-points`: a number, or `all` (`None`).
+#[derive(Clone, Copy, Debug)]
+pub struct RecoveryPoints(Option<usize>);
+
+fn parse_recovery_points(s: &str) -> Result<RecoveryPoints, String> {
+    if s == "all" {
+        return Ok(RecoveryPoints(None));
+    }
+    s.parse()
+        .map(|n| RecoveryPoints(Some(n)))
+        .map_err(|_| format!("`{s}` is not a number or `all`"))
+}
+
 fn parse_option(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .filter(|(k, _)| !k.is_empty())
@@ -467,6 +484,7 @@ pub fn main(cli: Cli) -> Result<()> {
         workers,
         kafka,
         power_seeds,
+        recovery_points,
         modes,
         no_io_errors,
         guarantees,
@@ -500,6 +518,11 @@ pub fn main(cli: Cli) -> Result<()> {
             only_io_error: cli.io_error,
             kafka,
             power_seeds,
+            recovery_points: match recovery_points {
+                Some(RecoveryPoints(n)) => n,
+                None if all => None,
+                None => Some(6),
+            },
             modes,
             io_errors: !no_io_errors,
             guarantees,

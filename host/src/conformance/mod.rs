@@ -39,8 +39,8 @@ mod plan;
 mod report;
 pub mod workload;
 
-pub use case::{copy_dir, KafkaTarget};
-pub use report::{render, Failure, GuestReport, Row};
+pub use case::{copy_dir, Failure, KafkaTarget};
+pub use report::{render, GuestReport, Row};
 
 use crate::config::Guarantee;
 use crate::runtime::{GuestSource, Runtime};
@@ -80,6 +80,9 @@ pub struct Options {
     pub kafka: Option<String>,
     /// Seeded power losses per crash point (besides the seedless one).
     pub power_seeds: u64,
+    /// Second crashes per crashed state in the full pass, spread over its
+    /// recovery's storage calls (`None`: every one).
+    pub recovery_points: Option<usize>,
     /// Crash modes explored (of `lossy`, `+flush`, `power`).
     pub modes: Vec<String>,
     /// The guarantees the task runs under, each explored in full.
@@ -133,6 +136,7 @@ impl Default for Options {
             only_io_error: None,
             kafka: None,
             power_seeds: 2,
+            recovery_points: Some(6),
             modes: MODES[1..].iter().map(|m| m.to_string()).collect(),
             guarantees: vec![Guarantee::ExactlyOnce],
             quick: vec![Guarantee::ExactlyOnce, Guarantee::AtLeastOnce],
@@ -192,6 +196,7 @@ fn check_guest(runtime: &Runtime, guest: &str, opts: &Options, live: &Live) -> R
     let full = Depth::full(
         opts.ops,
         opts.max_points,
+        opts.recovery_points,
         opts.power_seeds,
         opts.random_seeds,
         opts.random_points,
@@ -456,7 +461,14 @@ impl Explorer<'_> {
                         break;
                     };
                     match case::run_case(case, *probe, &scratch) {
-                        Ok(r) => {
+                        Ok(mut r) => {
+                            if let Some(f) = &mut r.failure {
+                                f.cause = report::likely_cause(
+                                    &f.property,
+                                    case.mode(),
+                                    case.io_error.is_some(),
+                                );
+                            }
                             if r.failure.is_some() {
                                 failed.store(true, Ordering::Relaxed);
                             }

@@ -80,6 +80,7 @@ impl Depth {
     pub fn full(
         ops: usize,
         max_points: usize,
+        recovery_points: Option<usize>,
         power_seeds: u64,
         random_seeds: u64,
         random_points: usize,
@@ -89,7 +90,7 @@ impl Depth {
             max_points,
             commit_points: max_points,
             dirty_points: max_points.min(Self::DIRTY_POINTS),
-            recovery_points: None,
+            recovery_points,
             power_seeds,
             random_seeds,
             random_points,
@@ -248,7 +249,7 @@ mod tests {
             dirty_after_writes: (500..=520).collect(),
             ..Default::default()
         };
-        let depth = Depth::full(200, 3, 0, 0, 0);
+        let depth = Depth::full(200, 3, None, 0, 0, 0);
         let points: Vec<String> = lossy_points(&s, &depth)
             .into_iter()
             .map(|(p, _)| p)
@@ -264,7 +265,7 @@ mod tests {
             ]
         );
         // At most DIRTY_POINTS more (fewer where the two spreads meet).
-        let many = lossy_points(&s, &Depth::full(200, 64, 0, 0, 0)).len();
+        let many = lossy_points(&s, &Depth::full(200, 64, None, 0, 0, 0)).len();
         assert!(many > 64 && many <= 64 + Depth::DIRTY_POINTS, "{many}");
     }
 
@@ -297,7 +298,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            recovery_points(&points, &Depth::full(200, 16, 0, 0, 0)),
+            recovery_points(&points, &Depth::full(200, 16, None, 0, 0, 0)),
             points
         );
     }

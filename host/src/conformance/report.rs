@@ -2,23 +2,11 @@
 //! likely cause and reproducer, and what the run prints while it goes
 //! (failures as they are found, progress on a terminal or as plain lines).
 
-use super::case::CaseResult;
+use super::case::{CaseResult, Failure};
 use super::{coverage, CHECKS, MODES};
 use std::io::IsTerminal as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// One broken promise with the command that shows it again.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Failure {
-    pub check: &'static str,
-    pub property: String,
-    pub detail: String,
-    /// The usual cause of this property breaking in this mode, as a
-    /// question (the guide's "Every rule the suite checks" lists them).
-    pub cause: Option<String>,
-    pub reproducer: String,
-}
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Row {

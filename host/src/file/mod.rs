@@ -235,8 +235,8 @@ pub fn lock_dir(dir: &Path, what: &str) -> anyhow::Result<std::fs::File> {
         .with_context(|| format!("cannot open lock file {}", path.display()))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(crate::error::marked(
-            crate::error::Kind::InUse,
+        Err(std::fs::TryLockError::WouldBlock) => Err(crate::cause::marked(
+            crate::cause::Kind::InUse,
             format!(
                 "{what} {} is in use by another txstore process (it holds {}); stop it first",
                 dir.display(),

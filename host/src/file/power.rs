@@ -163,6 +163,7 @@ fn start(root: PathBuf, dir: PathBuf) {
     let j = Journal { root, dir, state };
     j.save();
     *guard = Some(j);
+    crate::crash::on_power_crash_last(Box::new(loss::power_loss));
 }
 
 /// A directory that holds a RocksDB database (`db`) beside the host's

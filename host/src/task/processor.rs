@@ -55,7 +55,7 @@ impl<'a> Input<'a> {
     }
 }
 
-/// User logic run by a [`Task`](crate::Task): one input record in, store
+/// User logic run by a [`Task`](super::Task): one input record in, store
 /// writes and output records out, through the [`Context`].
 ///
 /// `process` must be deterministic in its input and the store (a crash

@@ -9,7 +9,7 @@
 //! position (read back from the segment), so a collision keeps records,
 //! never drops one that is the latest of its key.
 
-use super::super::embedded::{HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA};
+use super::super::frame::{HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA};
 use super::{data_key, open_frames, Plan};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;

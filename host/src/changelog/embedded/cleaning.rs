@@ -2,7 +2,8 @@
 //! what the log takes in from one ([`super::super::clean`]).
 
 use super::super::clean::{self, CleanStats};
-use super::{read_seal, remove_if_exists, seal_path, EmbeddedLog};
+use super::super::frame::{read_seal, remove_if_exists, seal_path};
+use super::EmbeddedLog;
 use crate::config::CleanMode;
 use anyhow::{bail, Result};
 use std::io::Write;
