@@ -186,7 +186,7 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         ops: usize,
         /// Most crash points per protocol step and for commit calls
-        /// (evenly spread, first and last included; default 12, 64 with
+        /// (evenly spread, first and last included; default 10, 64 with
         /// --all). Every one is also crashed again at each point of its
         /// own recovery.
         #[arg(long)]
@@ -205,7 +205,7 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         power_seeds: u64,
         /// Second crashes per crashed state, spread over the storage calls
-        /// of its recovery: a number (default 6) or `all` (with --all).
+        /// of its recovery: a number (default 4) or `all` (with --all).
         #[arg(long, value_name = "N|all", value_parser = parse_recovery_points)]
         recovery_points: Option<RecoveryPoints>,
         /// Crash modes to explore: lossy (abort), +flush (storage keeps
@@ -500,7 +500,7 @@ pub fn main(cli: Cli) -> Result<()> {
             guests.extend(txstore_artifacts::names().map(str::to_string));
         }
         let random_seeds = if all { seeds.max(16) } else { seeds };
-        let max_points = max_points.unwrap_or(if all { 64 } else { 12 });
+        let max_points = max_points.unwrap_or(if all { 64 } else { 10 });
         let both = vec![Guarantee::ExactlyOnce, Guarantee::AtLeastOnce];
         let (quick_guarantees, guarantees) = match (guarantees.is_empty(), all) {
             (false, _) => (guarantees.clone(), guarantees),
@@ -521,7 +521,7 @@ pub fn main(cli: Cli) -> Result<()> {
             recovery_points: match recovery_points {
                 Some(RecoveryPoints(n)) => n,
                 None if all => None,
-                None => Some(6),
+                None => Some(4),
             },
             modes,
             io_errors: !no_io_errors,
