@@ -352,3 +352,63 @@ fn both_guarantees_with_a_guest_option() {
     );
     assert!(!ok && text.contains("no_such_option"), "{text}");
 }
+
+/// A run whose output goes to files (a CI log, `> log 2>&1`) shows each
+/// failure while it is still running, and plain progress lines: the
+/// failure is in the file before the process ends.
+#[test]
+fn a_run_piped_to_a_file_shows_failures_and_progress_as_they_happen() {
+    let wasm = planted(Some("clean-after-discard"));
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out.txt"), dir.path().join("err.txt"));
+    let mut child = std::process::Command::new(crate::common::bin())
+        .args(["conformance", wasm.to_str().unwrap(), "--quick"])
+        .env("XDG_CACHE_HOME", crate::common::cache_dir())
+        .env("TXSTORE_PROGRESS_MS", "200")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let seen_while_running = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        let running = child.try_wait().unwrap().is_none();
+        if text.contains("FAILED after") {
+            break running;
+        }
+        assert!(running, "the run ended without a failure:\n{text}");
+        assert!(
+            started.elapsed().as_secs() < 600,
+            "no failure in 10 minutes:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let status = child.wait().unwrap();
+    let (text, progress) = (
+        std::fs::read_to_string(&out).unwrap(),
+        std::fs::read_to_string(&err).unwrap(),
+    );
+    assert!(
+        seen_while_running,
+        "the failure came only at the end:\n{text}"
+    );
+    assert!(!status.success(), "{text}");
+    // The streamed failure names its cause and reproducer, and the table
+    // still comes at the end.
+    assert!(
+        text.contains("likely cause:") && text.contains("reproduce: txstore conformance"),
+        "{text}"
+    );
+    assert!(
+        text.find("FAILED after").unwrap() < text.find(": FAIL (").unwrap(),
+        "{text}"
+    );
+    assert!(
+        progress.contains("cases run"),
+        "no progress lines:\n{progress}"
+    );
+    assert!(
+        !progress.contains('\u{1b}'),
+        "colour codes in a file:\n{progress}"
+    );
+}

@@ -154,10 +154,14 @@ fn open_options() -> Result<Options> {
     // Set here, not in `db_options`: options parsed from a string do not
     // keep the callback alive. Warnings and errors go to the process's log
     // rather than a `LOG` file per database; the options dump (header
-    // level) and information messages are dropped.
+    // level) and information messages are dropped, and so are the
+    // warnings RocksDB gives for what the store does on purpose (BENIGN).
     opts.set_info_logger(InfoLogger::new_callback_logger(
         LogLevel::Warn,
         |level, msg| match level {
+            LogLevel::Warn if BENIGN.iter().any(|b| msg.contains(b)) => {
+                tracing::debug!(target: "txstore::rocksdb", "{}", msg.trim_end())
+            }
             LogLevel::Warn => tracing::warn!(target: "txstore::rocksdb", "{}", msg.trim_end()),
             LogLevel::Error | LogLevel::Fatal => {
                 tracing::error!(target: "txstore::rocksdb", "{}", msg.trim_end())
@@ -167,6 +171,16 @@ fn open_options() -> Result<Options> {
     ));
     Ok(opts)
 }
+
+/// RocksDB warnings about what a snapshot store does by design: opening
+/// table files it exported and ingested back (no unique ID recorded, a
+/// read-ahead guessed for a file never read before). An operator cannot
+/// act on them; they stay at debug level (`TXSTORE_LOG=debug`).
+const BENIGN: &[&str] = &[
+    "is calculated based on heuristics",
+    "is calculated based on TailPrefetchStats",
+    "opened without unique ID to verify",
+];
 
 fn no_wal() -> WriteOptions {
     let mut w = WriteOptions::default();
