@@ -251,10 +251,7 @@ impl Live {
             )
             .expect("a valid template"),
         );
-        let every = std::env::var("TXSTORE_PROGRESS_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(Duration::from_secs(10), Duration::from_millis);
+        let every = crate::task::feed::progress_every();
         Live {
             bar,
             lines: (progress && !terminal).then_some(every),

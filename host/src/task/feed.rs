@@ -142,7 +142,7 @@ pub(crate) fn feed_until(
 
 /// How often a run that is not on a terminal says where it is
 /// (`TXSTORE_PROGRESS_MS` sets another period).
-fn progress_every() -> std::time::Duration {
+pub(crate) fn progress_every() -> std::time::Duration {
     let ms = std::env::var("TXSTORE_PROGRESS_MS")
         .ok()
         .and_then(|v| v.parse().ok())
