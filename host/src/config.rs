@@ -127,8 +127,10 @@ pub struct TaskConfig {
     /// ...or after this much time, whichever comes first.
     pub commit_interval_ms: u64,
     /// Commit early when the guest holds more uncommitted bytes than this
-    /// (Kafka's `statestore.uncommitted.max.bytes`).
-    pub uncommitted_max_bytes: u64,
+    /// (Kafka's `statestore.uncommitted.max.bytes`). Once spelled
+    /// `uncommitted_max_bytes`, still accepted with a warning.
+    #[serde(alias = "uncommitted_max_bytes")]
+    pub max_uncommitted_bytes: u64,
     /// After a guest trap or limit breach, `txstore run` discards the
     /// instance and restarts from recovery up to this many times; 0 stops
     /// with the error.
@@ -146,7 +148,7 @@ impl Default for TaskConfig {
             threads: 1,
             commit_interval_records: 10_000,
             commit_interval_ms: 100,
-            uncommitted_max_bytes: 64 << 20,
+            max_uncommitted_bytes: 64 << 20,
             restarts_on_guest_failure: 0,
         }
     }
@@ -512,6 +514,9 @@ impl Config {
                 None => anyhow::anyhow!("{origin}: {msg}"),
             }
         })?;
+        for warning in deprecated_names(text, origin) {
+            tracing::warn!("{warning}");
+        }
         config.base = base.to_path_buf();
         config.changelog.check(origin)?;
         config.task.check(&config.changelog, origin)?;
@@ -734,6 +739,36 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("txstore"))
 }
 
+/// Option names that changed, as (section, old, new): the old spelling is
+/// still read (a serde alias), with a warning naming the new one.
+const RENAMED: &[(&str, &str, &str)] = &[("task", "uncommitted_max_bytes", "max_uncommitted_bytes")];
+
+/// One warning line per old option name the config text uses, with its line.
+fn deprecated_names(text: &str, origin: &str) -> Vec<String> {
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return Vec::new(); // the typed parse reports the syntax error
+    };
+    let mut warnings = Vec::new();
+    for (section, old, new) in RENAMED {
+        let used = table
+            .get(*section)
+            .and_then(|t| t.as_table())
+            .is_some_and(|t| t.contains_key(*old));
+        if !used {
+            continue;
+        }
+        let at = text
+            .lines()
+            .position(|l| l.trim_start().starts_with(old))
+            .map(|i| format!(":{}", i + 1))
+            .unwrap_or_default();
+        warnings.push(format!(
+            "{origin}{at}: {section}.{old} is deprecated: it is now {section}.{new} (same meaning)"
+        ));
+    }
+    warnings
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -768,6 +803,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("c.toml:3: "), "{err}");
+    }
+
+    /// An old option name still works, says it is old, and cannot be
+    /// given beside its new name.
+    #[test]
+    fn a_renamed_option_is_read_with_a_warning() {
+        let text = "[store]\nguest = \"buffered\"\nstate_dir = \"s\"\n[task]\nuncommitted_max_bytes = 4096\n";
+        let c = Config::parse(text, "c.toml", Path::new(".")).unwrap();
+        assert_eq!(c.task.max_uncommitted_bytes, 4096);
+        assert_eq!(
+            deprecated_names(text, "c.toml"),
+            ["c.toml:5: task.uncommitted_max_bytes is deprecated: it is now task.max_uncommitted_bytes (same meaning)"]
+        );
+        let new = text.replace("uncommitted_max_bytes", "max_uncommitted_bytes");
+        assert!(deprecated_names(&new, "c.toml").is_empty());
+        let both = format!("{new}uncommitted_max_bytes = 1\n");
+        let err = Config::parse(&both, "c.toml", Path::new(".")).unwrap_err().to_string();
+        assert!(err.contains("duplicate field"), "{err}");
     }
 
     #[test]

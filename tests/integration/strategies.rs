@@ -290,7 +290,7 @@ fn buffered_commits_early_and_bounds_its_memory() {
     config.task.processor = ProcessorSpec::WordCount;
     config.task.commit_interval_records = u64::MAX;
     config.task.commit_interval_ms = u64::MAX;
-    config.task.uncommitted_max_bytes = u64::MAX; // only the guest's own limit
+    config.task.max_uncommitted_bytes = u64::MAX; // only the guest's own limit
     let (mut task, _) = Task::open(&config, runtime()).unwrap();
     let at_open = task.guest_peak_memory_bytes();
     let bytes = std::fs::read(&text).unwrap();

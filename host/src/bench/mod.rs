@@ -365,7 +365,7 @@ fn recovery_config(
     config.task.guarantee = Guarantee::ExactlyOnce;
     config.task.commit_interval_records = commit_every;
     config.task.commit_interval_ms = u64::MAX;
-    config.task.uncommitted_max_bytes = u64::MAX;
+    config.task.max_uncommitted_bytes = u64::MAX;
     config
 }
 

@@ -129,7 +129,7 @@ pub fn config(guest: &str, dir: &Path, kafka: Option<&super::KafkaTarget>) -> Co
     // Commits come from the workload and from the uncommitted limit only.
     config.task.commit_interval_records = u64::MAX;
     config.task.commit_interval_ms = u64::MAX;
-    config.task.uncommitted_max_bytes = UNCOMMITTED_MAX_BYTES;
+    config.task.max_uncommitted_bytes = UNCOMMITTED_MAX_BYTES;
     // Small segments, so the workload rolls and seals several of them.
     config.changelog.segment_bytes = SEGMENT_BYTES;
     // Cleaned as it is sealed, inside the commit: every clean's crash

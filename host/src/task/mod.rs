@@ -737,7 +737,7 @@ impl Task {
         {
             return self.commit_inner();
         }
-        if self.instance.approximate_uncommitted_bytes()? > t.uncommitted_max_bytes {
+        if self.instance.approximate_uncommitted_bytes()? > t.max_uncommitted_bytes {
             self.stats.early_commits += 1;
             return self.commit_inner();
         }
