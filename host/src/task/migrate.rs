@@ -61,7 +61,7 @@ pub struct MigrateReport {
     /// in key order), equal on both sides.
     pub sha256: String,
     /// Seconds, in JSON.
-    #[serde(rename = "seconds", serialize_with = "super::as_seconds")]
+    #[serde(rename = "seconds", serialize_with = "super::recovery::as_seconds")]
     pub elapsed: Duration,
 }
 
@@ -150,7 +150,7 @@ pub fn migrate(
     // simulation's journal first, so that it sees the settling.)
     crate::file::attach(&state_dir);
     {
-        let _lock = super::lock_dir(&state_dir, "state directory")?;
+        let _lock = crate::file::lock_dir(&state_dir, "state directory")?;
         settle(&state_dir)?;
         if manifest::read(&state_dir)?.is_some_and(|m| m.guest == to_name) {
             return Ok(None);
@@ -283,7 +283,7 @@ fn copy(
         // A guest at its uncommitted limit commits what it holds and
         // takes the rest: every offset claimed is `offset`, and until the
         // commit point nothing of the new store counts.
-        super::apply_with_early_commit(to, &writes, offset)?;
+        super::apply::apply_with_early_commit(to, &writes, offset)?;
         if open_bytes >= COMMIT_EVERY_BYTES {
             to.commit(offset)?;
             open_bytes = 0;

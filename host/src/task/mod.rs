@@ -8,6 +8,7 @@
 //! changelog after the returned offset -> resume the input at the committed
 //! input position.
 
+mod apply;
 pub mod builder;
 pub mod feed;
 pub mod manifest;
@@ -15,54 +16,25 @@ pub mod migrate;
 pub mod output;
 pub mod partitions;
 pub mod processor;
+mod recovery;
 pub mod serve;
 pub mod wasm_processor;
 
-use crate::changelog::{Changelog, CleanStats, Record, Replayed};
+use crate::changelog::{Changelog, CleanStats, Record};
 use crate::checkpoint::Checkpoint;
-use crate::config::{BackendKind, Config, Guarantee, ProcessorSpec};
+use crate::config::{Config, ProcessorSpec};
 use crate::crash;
-use crate::error::{marked, Error, Kind};
-use crate::runtime::{CallError, Isolation, RecoveryAction, Runtime, StoreInstance, WitEntry};
-use crate::storage::{Backend, MemoryBackend, PowerBackend, RocksBackend};
-use anyhow::{bail, Context as _, Result};
+use crate::error::Error;
+use crate::runtime::{Isolation, Runtime, StoreInstance};
+use crate::storage::Backend;
+use anyhow::Result;
+pub use apply::WriteCalls;
 pub use builder::TaskBuilder;
 pub use processor::{Context, Input, Processor};
+pub use recovery::{open_backend, open_backend_at, RecoveryReport};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Records replayed per guest call during restore.
-const REPLAY_BATCH: usize = 1024;
-
-/// What start-up recovery found and did.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct RecoveryReport {
-    pub guest: String,
-    pub transactional: bool,
-    pub guarantee: Guarantee,
-    /// The checkpoint file's offset, if one was found.
-    pub checkpoint: Option<u64>,
-    /// The offset the guest's `recover` returned.
-    pub recovered_offset: Option<u64>,
-    /// What the guest did: clean, discarded, rolled-forward, rolled-back, wiped.
-    pub action: String,
-    /// The changelog's committed end.
-    pub changelog_end: u64,
-    /// Bytes cut from the changelog's tail at open.
-    pub changelog_truncated_bytes: u64,
-    pub replayed_records: u64,
-    pub replayed_transactions: u64,
-    /// Where input processing resumes.
-    pub input_position: u64,
-    /// Seconds, in JSON.
-    #[serde(rename = "seconds", serialize_with = "as_seconds")]
-    pub elapsed: Duration,
-}
-
-fn as_seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
 
 /// Counters of a run.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -134,40 +106,6 @@ impl std::fmt::Debug for Task {
     }
 }
 
-pub use crate::file::lock_dir;
-
-fn action_name(a: RecoveryAction) -> &'static str {
-    match a {
-        RecoveryAction::Clean => "clean",
-        RecoveryAction::Discarded => "discarded",
-        RecoveryAction::RolledForward => "rolled-forward",
-        RecoveryAction::RolledBack => "rolled-back",
-        RecoveryAction::Wiped => "wiped",
-    }
-}
-
-/// Opens the storage backend a config names.
-pub fn open_backend(config: &Config) -> Result<Arc<dyn Backend>> {
-    open_backend_at(config.store.backend, &config.state_dir().join("store"))
-}
-
-/// Opens a storage backend of `kind` in `dir` (RocksDB only).
-pub fn open_backend_at(kind: BackendKind, dir: &Path) -> Result<Arc<dyn Backend>> {
-    Ok(match kind {
-        BackendKind::Rocksdb => {
-            let rocks = RocksBackend::open(dir)?;
-            // Logging undo information costs a read per write: only when a
-            // simulated power loss may need it.
-            if crate::crash::power_armed() {
-                Arc::new(PowerBackend::new(Box::new(rocks)))
-            } else {
-                Arc::new(rocks)
-            }
-        }
-        BackendKind::Memory => Arc::new(MemoryBackend::new()),
-    })
-}
-
 impl Task {
     /// Opens the store of `config` and brings it to the changelog's
     /// committed state, with the processor `config` names.
@@ -211,255 +149,6 @@ impl Task {
         processor: Option<Box<dyn Processor>>,
     ) -> Result<(Self, RecoveryReport), Error> {
         Self::open_inner(config, runtime, processor).map_err(Error::from)
-    }
-
-    fn open_inner(
-        config: &Config,
-        runtime: &Runtime,
-        processor: Option<Box<dyn Processor>>,
-    ) -> Result<(Self, RecoveryReport)> {
-        let started = Instant::now();
-        let state_dir = config.state_dir();
-        // A Kafka input's stores are one per partition, each under its own
-        // lock and transactional id: the job's own directory holds none.
-        if config.kafka_input().is_some() && config.partition_task.is_none() {
-            return Err(marked(
-                Kind::Config,
-                format!(
-                    "store `{}` reads a Kafka topic (task.input): its state is one store per input partition, in \
-                     {}/{}-<P>; name the partition (--partition P)",
-                    config.store.name,
-                    state_dir.display(),
-                    config.store.name
-                ),
-            ));
-        }
-        // A guest or processor that does not load (a misspelt name)
-        // creates nothing.
-        let guest = runtime
-            .load(&config.guest())
-            .map_err(|e| marked(Kind::Config, format!("{e:#}")))?;
-        let processor = match processor {
-            Some(p) => p,
-            None => processor_for(config, runtime)?,
-        };
-        let existing = state_dir.join("store").exists() || config.changelog_dir().exists();
-        crate::file::attach(&state_dir);
-        crate::file::create_dir_all(&state_dir)
-            .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
-        let lock = lock_dir(&state_dir, "state directory")?;
-        if migrate::settle(&state_dir)? {
-            tracing::warn!(
-                "finished a migration of the store in {} that a crash interrupted after its commit point",
-                state_dir.display()
-            );
-        }
-        // Another guest or store name would find the data missing or wrong
-        // and recover as if clean: refuse before anything changes.
-        match manifest::check(config, &guest.load.hash, existing)? {
-            manifest::Checked::NewBuild { from, to } => tracing::warn!(
-                "guest {} changed since the store was last opened (sha256 {}.. -> {}..): same strategy, opening",
-                config.store.guest,
-                &from[..12.min(from.len())],
-                &to[..12.min(to.len())]
-            ),
-            manifest::Checked::Adopted => tracing::warn!(
-                "store in {} has no manifest (made by an older txstore): recorded guest {} as its guest",
-                state_dir.display(),
-                config.store.guest
-            ),
-            manifest::Checked::Same | manifest::Checked::Created => {}
-        }
-        let backend = open_backend(config)?;
-        let storage = backend.open_store(&config.store.name)?;
-        let mut instance = guest.instantiate(storage, &config.store.name, &config.limits)?;
-        instance.init(&config.init_options())?;
-        let transactional = instance.transactional()?;
-        let opened = crate::changelog::open(config)?;
-        let truncated = opened.truncated_bytes;
-        let checkpoint = Checkpoint::new(&state_dir);
-        // The checkpoint only saves work: without it a transactional guest
-        // recovers from its own offset and any other is wiped and replayed.
-        // So a damaged one is reported and ignored, never trusted.
-        let checkpointed = checkpoint.read().unwrap_or_else(|e| {
-            tracing::warn!("{e:#}: ignoring it; recovery treats the stop as unclean");
-            None
-        });
-        // A checkpoint after every commit is only a lower bound on what the
-        // store holds, which a transactional guest's recovery can use. A
-        // store that cannot undo writes may also hold uncommitted ones, so
-        // for it (and under exactly-once) a checkpoint must mean "closed
-        // cleanly here": written at clean close only, removed at start.
-        let checkpoint_each_commit =
-            config.task.guarantee == Guarantee::AtLeastOnce && transactional;
-        if !checkpoint_each_commit {
-            // From here on, a crash leaves no checkpoint: the next start-up
-            // knows the stop was unclean.
-            checkpoint.remove()?;
-        } else if checkpointed.is_none() {
-            checkpoint.remove()?; // a damaged file must not be read again
-        }
-        let mut task = Task {
-            processor,
-            config: config.clone(),
-            instance,
-            changelog: opened.log,
-            checkpoint,
-            input_position: 0,
-            input_check: None,
-            next_input_check: None,
-            pending_records: 0,
-            pending_writes: 0,
-            last_commit: Instant::now(),
-            stats: TaskStats::default(),
-            checkpoint_each_commit,
-            output: None,
-            _backend: backend,
-            _lock: lock,
-        };
-        if !transactional && checkpointed.is_none() {
-            // Its recovery will wipe the store: make sure the replay that
-            // must follow can read the whole changelog before anything changes.
-            task.changelog.check_replayable(0)?;
-        }
-        let recovery = task.instance.recover(checkpointed)?;
-        let end = task.changelog.end_offset();
-        let label = task.instance.label().to_string();
-        if let Some(k) = recovery.offset {
-            if k > end {
-                bail!(
-                    "guest {label} recovered to offset {k} but the changelog ends at {end}: the changelog ({}) was \
-                     truncated or belongs to another store",
-                    config.changelog_name()
-                );
-            }
-        }
-        if transactional {
-            if recovery.action == RecoveryAction::Wiped {
-                bail!("guest {label} says it is transactional but wiped its store in recover");
-            }
-            if recovery.offset < checkpointed {
-                bail!(
-                    "guest {label} says it is transactional but recovered to offset {:?}, below the checkpoint {:?}",
-                    recovery.offset,
-                    checkpointed
-                );
-            }
-        }
-        // A store older than what the changelog's cleaning (or a Kafka
-        // topic's compaction) kept deletes for could keep deleted keys.
-        if let Some(k) = recovery.offset.filter(|&k| k > 0) {
-            if let Some(why) = task.changelog.deletes_missing_after(k)? {
-                bail!(
-                    "guest {label} recovered to offset {k}, but {why}, so a replay from {k} could keep deleted keys; \
-                     nothing was changed: move {} aside (and remove {}, if there) to rebuild the store from the \
-                     changelog",
-                    state_dir.join("store").display(),
-                    task.checkpoint.path().display()
-                );
-            }
-        }
-        task.changelog
-            .check_replayable(recovery.offset.unwrap_or(0))?;
-        let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
-        task.input_position = task.changelog.last_commit().map_or(0, |c| c.input_position);
-        task.input_check = task.changelog.last_commit().and_then(|c| c.input_check);
-        task.output = match &config.task.output {
-            None => None,
-            Some(crate::config::OutputSpec::Kafka { .. }) => Some(Output::Changelog),
-            Some(crate::config::OutputSpec::File { .. }) => {
-                let path = config.output_file().expect("a file output has a path");
-                Some(Output::File(output::FileOutput::open(
-                    &path,
-                    task.input_position,
-                )?))
-            }
-        };
-        let report = RecoveryReport {
-            guest: label,
-            transactional,
-            guarantee: config.task.guarantee,
-            checkpoint: checkpointed,
-            recovered_offset: recovery.offset,
-            action: action_name(recovery.action).to_string(),
-            changelog_end: end,
-            changelog_truncated_bytes: truncated,
-            replayed_records,
-            replayed_transactions,
-            input_position: task.input_position,
-            elapsed: started.elapsed(),
-        };
-        tracing::info!(?report, "recovered");
-        task.last_commit = Instant::now();
-        Ok((task, report))
-    }
-
-    /// Replays committed transactions after `from` into the store, then
-    /// commits the store at the changelog's end. Returns (records, txns).
-    fn replay(&mut self, from: Option<u64>) -> Result<(u64, u64)> {
-        let end = self.changelog.end_offset();
-        let start = from.unwrap_or(0);
-        if start >= end && from.is_some() {
-            return Ok((0, 0));
-        }
-        // Records with their commit markers, applied in batches.
-        let mut batch: Vec<Replayed> = Vec::new();
-        let mut pending = 0usize;
-        let (mut records, mut txns) = (0u64, 0u64);
-        // The end of the last transaction whose records are all applied:
-        // the only offset an early commit may claim. Records applied past it
-        // are harmless (replay writes absolute values and repeats them).
-        let mut safe = start;
-        let instance = &mut self.instance;
-        // Below the bound of a clean's dropped deletes, a commit offset
-        // does not name a state the store had (a cleaned log skips values
-        // and deletes), so an early commit there claims the start.
-        let kept_from = self.changelog.deletes_kept_from();
-        let mut flushes = 0u64;
-        let mut flush = |batch: &mut Vec<Replayed>, safe: &mut u64| -> Result<()> {
-            let mut run: Vec<Record> = Vec::new();
-            for item in batch.drain(..) {
-                match item {
-                    Replayed::Record(r) => run.push(r),
-                    Replayed::Commit(o) => {
-                        apply_with_early_commit(instance, &run, *safe)?;
-                        run.clear();
-                        if o >= kept_from {
-                            *safe = o;
-                        }
-                    }
-                }
-            }
-            apply_with_early_commit(instance, &run, *safe)?;
-            flushes += 1;
-            if flushes == 1 {
-                crash::step("during-restore");
-            }
-            Ok(())
-        };
-        self.changelog.read_committed(start, &mut |item| {
-            match item {
-                Replayed::Record(_) => {
-                    records += 1;
-                    pending += 1;
-                }
-                Replayed::Commit(_) => txns += 1,
-            }
-            batch.push(item);
-            if pending >= REPLAY_BATCH {
-                flush(&mut batch, &mut safe)?;
-                pending = 0;
-            }
-            Ok(())
-        })?;
-        if !batch.is_empty() {
-            flush(&mut batch, &mut safe)?;
-        }
-        if end > 0 {
-            self.instance.commit(end)?;
-            self.changelog.store_committed(end)?;
-        }
-        Ok((records, txns))
     }
 
     /// The live guest instance (queries, tests).
@@ -682,54 +371,6 @@ impl Task {
         Ok(())
     }
 
-    /// Applies `writes` to the store and the changelog's open transaction.
-    #[doc(hidden)]
-    pub fn write(&mut self, writes: &[Record]) -> Result<()> {
-        self.write_with(writes, WriteCalls::Batched)
-    }
-
-    /// [`Task::write`] through the guest calls `calls` names (the
-    /// conformance workload exercises both).
-    #[doc(hidden)]
-    pub fn write_with(&mut self, writes: &[Record], calls: WriteCalls) -> Result<()> {
-        if writes.is_empty() {
-            return Ok(());
-        }
-        let apply = |instance: &mut StoreInstance| match calls {
-            WriteCalls::Batched => apply(instance, writes),
-            WriteCalls::Single => apply_single(instance, writes),
-        };
-        match apply(&mut self.instance) {
-            Err(Refusal { applied: true, .. }) => {
-                // Part of the record is in the store and none of it in the
-                // changelog: committing now would label those writes as
-                // committed. Stop; recovery will discard them.
-                bail!(
-                    "guest {} refused part of a record's writes with uncommitted-limit after accepting the first \
-                     part; a guest must refuse a record's first write call or none",
-                    self.instance.label()
-                );
-            }
-            Err(Refusal { error: e, .. }) if e.is_uncommitted_limit() => {
-                // The guest holds as much as it may: commit what came before
-                // this record (a record boundary), then it must accept.
-                self.commit_inner()?;
-                self.stats.early_commits += 1;
-                self.stats.limit_refusals += 1;
-                apply(&mut self.instance).map_err(|r| r.error).context(
-                    "the guest refused a write right after a commit (it must accept when empty)",
-                )?;
-            }
-            Err(r) => return Err(r.error.into()),
-            Ok(()) => {}
-        }
-        self.changelog.append(writes)?;
-        self.stats.writes += writes.len() as u64;
-        self.pending_writes += writes.len() as u64;
-        crash::step("after-write");
-        Ok(())
-    }
-
     fn maybe_commit(&mut self) -> Result<()> {
         let t = &self.config.task;
         if self.pending_records >= t.commit_interval_records
@@ -939,91 +580,4 @@ enum Output {
     /// Into the changelog's (Kafka) transaction, to the output topic.
     Changelog,
     File(output::FileOutput),
-}
-
-/// How a record's writes reach the guest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WriteCalls {
-    /// Runs of puts and of deletes, one `put-many`/`delete-many` call each:
-    /// what the task does with every record.
-    Batched,
-    /// One `put` or `delete` call per write.
-    Single,
-}
-
-/// A write call the guest refused, and whether earlier calls for the same
-/// writes had already been applied.
-struct Refusal {
-    error: CallError,
-    applied: bool,
-}
-
-/// Applies writes in runs of puts and deletes (one guest call per run).
-fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal> {
-    let mut i = 0;
-    while i < writes.len() {
-        let put = matches!(writes[i], Record::Put(..));
-        let run = writes[i..]
-            .iter()
-            .take_while(|w| matches!(w, Record::Put(..)) == put)
-            .count();
-        let chunk = &writes[i..i + run];
-        let result = if put {
-            // One copy per write, straight into the WIT form.
-            let entries: Vec<WitEntry> = chunk
-                .iter()
-                .map(|w| match w {
-                    Record::Put(k, v) => WitEntry {
-                        key: k.clone(),
-                        value: v.clone(),
-                    },
-                    Record::Delete(_) => unreachable!(),
-                })
-                .collect();
-            instance.put_entries(&entries)
-        } else {
-            let keys: Vec<Vec<u8>> = chunk.iter().map(|w| w.key().to_vec()).collect();
-            instance.delete_many(&keys)
-        };
-        result.map_err(|error| Refusal {
-            error,
-            applied: i > 0,
-        })?;
-        i += run;
-    }
-    Ok(())
-}
-
-/// Applies writes one `put` or `delete` call each.
-fn apply_single(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal> {
-    for (i, w) in writes.iter().enumerate() {
-        match w {
-            Record::Put(k, v) => instance.put(k, v),
-            Record::Delete(k) => instance.delete(k),
-        }
-        .map_err(|error| Refusal {
-            error,
-            applied: i > 0,
-        })?;
-    }
-    Ok(())
-}
-
-/// `apply` for replay: on the uncommitted limit, commit at `safe` (the
-/// last transaction fully applied) and go on one record at a time.
-fn apply_with_early_commit(instance: &mut StoreInstance, run: &[Record], safe: u64) -> Result<()> {
-    let mut rest = run;
-    while !rest.is_empty() {
-        match apply(instance, rest) {
-            Ok(()) => return Ok(()),
-            Err(r) if r.error.is_uncommitted_limit() => {
-                instance.commit(safe)?;
-                let (first, tail) = rest.split_at(1);
-                apply(instance, first).map_err(|r| r.error)?;
-                rest = tail;
-            }
-            Err(r) => return Err(r.error.into()),
-        }
-    }
-    Ok(())
 }
