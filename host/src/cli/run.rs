@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-pub fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
+pub(super) fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
     let config = Config::load(config_path)?;
     if config.kafka_input().is_some() {
         anyhow::ensure!(
