@@ -741,7 +741,8 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 
 /// Option names that changed, as (section, old, new): the old spelling is
 /// still read (a serde alias), with a warning naming the new one.
-const RENAMED: &[(&str, &str, &str)] = &[("task", "uncommitted_max_bytes", "max_uncommitted_bytes")];
+const RENAMED: &[(&str, &str, &str)] =
+    &[("task", "uncommitted_max_bytes", "max_uncommitted_bytes")];
 
 /// One warning line per old option name the config text uses, with its line.
 fn deprecated_names(text: &str, origin: &str) -> Vec<String> {
@@ -819,7 +820,9 @@ mod tests {
         let new = text.replace("uncommitted_max_bytes", "max_uncommitted_bytes");
         assert!(deprecated_names(&new, "c.toml").is_empty());
         let both = format!("{new}uncommitted_max_bytes = 1\n");
-        let err = Config::parse(&both, "c.toml", Path::new(".")).unwrap_err().to_string();
+        let err = Config::parse(&both, "c.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("duplicate field"), "{err}");
     }
 

@@ -397,7 +397,6 @@ pub(super) struct InspectArgs {
     pub(super) guest: String,
 }
 
-
 #[derive(Clone, Copy, ValueEnum)]
 pub(super) enum IsolationArg {
     Committed,

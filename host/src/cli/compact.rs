@@ -85,4 +85,3 @@ pub(super) fn main(config_path: &Path, json: bool) -> Result<()> {
     }
     Ok(())
 }
-

@@ -8,7 +8,11 @@ use anyhow::{Context, Result};
 use std::time::Instant;
 
 /// `crash_at` and `io_error` (the global flags) name one case to rerun.
-pub(super) fn main(a: ConformanceArgs, crash_at: Option<String>, io_error: Option<String>) -> Result<()> {
+pub(super) fn main(
+    a: ConformanceArgs,
+    crash_at: Option<String>,
+    io_error: Option<String>,
+) -> Result<()> {
     let mut guests = a.guests;
     if a.all {
         guests.extend(txstore_artifacts::names().map(str::to_string));
@@ -53,7 +57,11 @@ pub(super) fn main(a: ConformanceArgs, crash_at: Option<String>, io_error: Optio
     let started = Instant::now();
     let reports = crate::conformance::run(&runtime, &opts)?;
     print!("{}", crate::conformance::render(&reports));
-    println!("\n{} guests in {:.1} s", reports.len(), started.elapsed().as_secs_f64());
+    println!(
+        "\n{} guests in {:.1} s",
+        reports.len(),
+        started.elapsed().as_secs_f64()
+    );
     if let Some(path) = a.json {
         std::fs::write(&path, serde_json::to_string_pretty(&reports)?)
             .with_context(|| format!("cannot write {}", path.display()))?;

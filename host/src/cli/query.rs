@@ -59,11 +59,12 @@ pub(super) fn scan(a: ScanArgs) -> Result<()> {
         let (mut task, _) = open(&a.config)?;
         let mut failed = Ok(());
         let limit = a.limit.unwrap_or(usize::MAX);
-        task.store().range_pages(from, to, isolation, limit, |page| {
-            if failed.is_ok() {
-                failed = each(page);
-            }
-        })?;
+        task.store()
+            .range_pages(from, to, isolation, limit, |page| {
+                if failed.is_ok() {
+                    failed = each(page);
+                }
+            })?;
         failed?;
         task.close()?;
     }

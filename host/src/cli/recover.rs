@@ -56,4 +56,3 @@ fn print_recovery(r: &RecoveryReport) {
     println!("input resumes at:  byte {}", r.input_position);
     println!("time:              {:.1} ms", r.elapsed.as_secs_f64() * 1e3);
 }
-

@@ -129,7 +129,11 @@ fn apply_single(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), R
 
 /// `apply` for replay: on the uncommitted limit, commit at `safe` (the
 /// last transaction fully applied) and go on one record at a time.
-pub(super) fn apply_with_early_commit(instance: &mut StoreInstance, run: &[Record], safe: u64) -> Result<()> {
+pub(super) fn apply_with_early_commit(
+    instance: &mut StoreInstance,
+    run: &[Record],
+    safe: u64,
+) -> Result<()> {
     let mut rest = run;
     while !rest.is_empty() {
         match apply(instance, rest) {
@@ -167,19 +171,33 @@ mod tests {
         // Each entry counts key + value + 64: a and b fit in 400, c does not.
         let (mut task, _) = buffered(dir.path(), "400").open().unwrap();
         let value = "v".repeat(100);
-        task.process_line(format!("a\t{value}").as_bytes(), 1).unwrap();
-        task.process_line(format!("b\t{value}").as_bytes(), 2).unwrap();
+        task.process_line(format!("a\t{value}").as_bytes(), 1)
+            .unwrap();
+        task.process_line(format!("b\t{value}").as_bytes(), 2)
+            .unwrap();
         assert_eq!(task.stats().commits, 0);
-        task.process_line(format!("c\t{value}").as_bytes(), 3).unwrap();
+        task.process_line(format!("c\t{value}").as_bytes(), 3)
+            .unwrap();
         let stats = task.stats().clone();
-        assert_eq!((stats.limit_refusals, stats.early_commits, stats.commits), (1, 1, 1));
+        assert_eq!(
+            (stats.limit_refusals, stats.early_commits, stats.commits),
+            (1, 1, 1)
+        );
         // The early commit ended before record c, which is pending.
         assert_eq!(task.committed_input_position(), 2);
         assert_eq!(task.get(b"c", Isolation::ReadCommitted).unwrap(), None);
-        assert!(task.get(b"c", Isolation::ReadUncommitted).unwrap().is_some());
+        assert!(task
+            .get(b"c", Isolation::ReadUncommitted)
+            .unwrap()
+            .is_some());
         task.close().unwrap();
         let (mut task, _) = buffered(dir.path(), "400").open().unwrap();
-        assert_eq!(task.range(None, None, Isolation::ReadCommitted).unwrap().len(), 3);
+        assert_eq!(
+            task.range(None, None, Isolation::ReadCommitted)
+                .unwrap()
+                .len(),
+            3
+        );
     }
 
     /// A refusal after part of a record is in the store stops the task:
@@ -189,7 +207,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // a (215 counted), b (70) and the delete (65) fit in 400; c does not.
         let (mut task, _) = buffered(dir.path(), "400").open().unwrap();
-        task.process_line(format!("a\t{}", "v".repeat(150)).as_bytes(), 1).unwrap();
+        task.process_line(format!("a\t{}", "v".repeat(150)).as_bytes(), 1)
+            .unwrap();
         let err = task
             .process_with(2, |ctx| {
                 ctx.put(b"b", b"small");
@@ -215,7 +234,8 @@ mod tests {
         builder = TaskBuilder::from_config(config);
         let (mut task, _) = builder.open().unwrap();
         for i in 0..10u64 {
-            task.process_line(format!("k{i}\t{}", "v".repeat(100)).as_bytes(), i + 1).unwrap();
+            task.process_line(format!("k{i}\t{}", "v".repeat(100)).as_bytes(), i + 1)
+                .unwrap();
         }
         let stats = task.stats().clone();
         assert!(stats.early_commits >= 2, "{stats:?}");

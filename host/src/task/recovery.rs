@@ -171,7 +171,14 @@ impl Task {
         let label = self.instance.label().to_string();
         let end = self.changelog.end_offset();
         let changelog = self.config.changelog_name();
-        check_recovered(&label, transactional, &recovery, checkpointed, end, &changelog)?;
+        check_recovered(
+            &label,
+            transactional,
+            &recovery,
+            checkpointed,
+            end,
+            &changelog,
+        )?;
         // A store older than what the changelog's cleaning (or a Kafka
         // topic's compaction) kept deletes for could keep deleted keys.
         if let Some(k) = recovery.offset.filter(|&k| k > 0) {
@@ -368,7 +375,10 @@ fn open_output(config: &Config, input_position: u64) -> Result<Option<Output>> {
         Some(crate::config::OutputSpec::Kafka { .. }) => Some(Output::Changelog),
         Some(crate::config::OutputSpec::File { .. }) => {
             let path = config.output_file().expect("a file output has a path");
-            Some(Output::File(output::FileOutput::open(&path, input_position)?))
+            Some(Output::File(output::FileOutput::open(
+                &path,
+                input_position,
+            )?))
         }
     })
 }
@@ -393,7 +403,10 @@ mod tests {
         use RecoveryAction::*;
         for transactional in [false, true] {
             let err = check(transactional, recovery(Some(11), Clean), None, 10).unwrap_err();
-            assert!(err.contains("changelog ends at 10") && err.contains("(in log)"), "{err}");
+            assert!(
+                err.contains("changelog ends at 10") && err.contains("(in log)"),
+                "{err}"
+            );
             check(transactional, recovery(Some(10), Clean), None, 10).unwrap();
         }
         check(false, recovery(None, Wiped), Some(7), 10).unwrap();
@@ -412,10 +425,17 @@ mod tests {
     #[test]
     fn replay_reads_the_committed_changelog_from_the_recovered_offset() {
         let dir = tempfile::tempdir().unwrap();
-        let open = || TaskBuilder::new(dir.path()).guest("wipe-on-crash").manual_commits().open().unwrap();
+        let open = || {
+            TaskBuilder::new(dir.path())
+                .guest("wipe-on-crash")
+                .manual_commits()
+                .open()
+                .unwrap()
+        };
         let (mut task, _) = open();
         for i in 0..30u64 {
-            task.process_line(format!("k{i}\tv{i}").as_bytes(), i + 1).unwrap();
+            task.process_line(format!("k{i}\tv{i}").as_bytes(), i + 1)
+                .unwrap();
             if i % 10 == 9 {
                 task.commit().unwrap();
             }
@@ -424,13 +444,27 @@ mod tests {
         drop(task); // a crash after the third commit
         let (mut task, report) = open();
         assert_eq!(report.action, "wiped");
-        assert_eq!((report.replayed_records, report.replayed_transactions), (30, 3));
+        assert_eq!(
+            (report.replayed_records, report.replayed_transactions),
+            (30, 3)
+        );
         assert_eq!(report.input_position, 30);
-        assert_eq!(task.get(b"uncommitted", Isolation::ReadCommitted).unwrap(), None);
-        assert_eq!(task.range(None, None, Isolation::ReadCommitted).unwrap().len(), 30);
+        assert_eq!(
+            task.get(b"uncommitted", Isolation::ReadCommitted).unwrap(),
+            None
+        );
+        assert_eq!(
+            task.range(None, None, Isolation::ReadCommitted)
+                .unwrap()
+                .len(),
+            30
+        );
         task.close().unwrap();
         let (_task, report) = open();
-        assert_eq!((report.replayed_records, report.recovered_offset), (0, Some(report.changelog_end)));
+        assert_eq!(
+            (report.replayed_records, report.recovered_offset),
+            (0, Some(report.changelog_end))
+        );
     }
 
     /// A replay into a guest that holds little commits early, at the end of
@@ -438,9 +472,14 @@ mod tests {
     #[test]
     fn replay_commits_early_when_the_guest_refuses() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut task, _) = TaskBuilder::new(dir.path()).guest("buffered").commit_every(5, Duration::from_secs(3600)).open().unwrap();
+        let (mut task, _) = TaskBuilder::new(dir.path())
+            .guest("buffered")
+            .commit_every(5, Duration::from_secs(3600))
+            .open()
+            .unwrap();
         for i in 0..100u64 {
-            task.process_line(format!("key{i:03}\t{}", "v".repeat(40)).as_bytes(), i + 1).unwrap();
+            task.process_line(format!("key{i:03}\t{}", "v".repeat(40)).as_bytes(), i + 1)
+                .unwrap();
         }
         task.close().unwrap();
         // The store rebuilt from the changelog, as the operator is told to.
