@@ -5,15 +5,16 @@
 //! `cargo bench -p txstore --bench calls`
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use txstore::runtime::{GuestSource, Isolation, Limits, Runtime};
-use txstore::storage::{Backend, MemoryBackend, RocksBackend};
+use txstore::testing::GuestSource;
+use txstore::{Isolation, Limits, Runtime};
+use txstore::testing::{Backend, MemoryBackend, RocksBackend};
 
 /// mimalloc rather than glibc's malloc: see the workspace Cargo.toml.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn key(i: u64) -> [u8; 16] {
-    txstore::bench::key(i)
+    txstore::testing::key(i)
 }
 
 /// Entries per scan page: the host's cursor batch and a guest's `range` page.

@@ -47,11 +47,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! # Modules
+//! # What you may use
 //!
-//! The public API is the items re-exported here. The modules, one per part
-//! of the design, are public for the command line and the tests, and
-//! hidden from these docs:
+//! The public API is the items re-exported here and [`cli`] (the `txstore`
+//! binary's entry point, for a binary that embeds its commands). Every
+//! module below is private to the crate: one per part of the design, in
+//! floors where a module imports only modules below it (docs/layout.md):
 //! - `runtime`: wasmtime engine, guest loading and caching, sandbox limits;
 //!   processor components;
 //! - `storage`: durable keyspaces and snapshots (RocksDB, memory);
@@ -64,41 +65,33 @@
 //!   simulation; `fault`: injected I/O errors; `mutants`: test-only bugs;
 //! - `conformance`: the suite that crashes a guest everywhere and checks it;
 //! - `bench`: `txstore bench`, guests against plain RocksDB;
-//! - `config` and `cli`: the TOML configuration and the command line;
+//! - `config`: the TOML configuration;
 //! - `tsv`: the escape of every `key<TAB>value` field the host writes.
+//!
+//! The integration tests and benches reach a few internals more through
+//! `testing`, which only the `testing` feature (on for `cargo test` and
+//! `cargo bench`) compiles: it is not API.
 
-#[doc(hidden)]
-pub mod bench;
+pub(crate) mod bench;
 mod cause;
-#[doc(hidden)]
-pub mod changelog;
-#[doc(hidden)]
-pub mod checkpoint;
-#[doc(hidden)]
+pub(crate) mod changelog;
+pub(crate) mod checkpoint;
 pub mod cli;
-#[doc(hidden)]
-pub mod config;
-#[doc(hidden)]
-pub mod conformance;
-#[doc(hidden)]
-pub mod crash;
+pub(crate) mod config;
+pub(crate) mod conformance;
+pub(crate) mod crash;
 mod error;
+pub(crate) mod fault;
+pub(crate) mod file;
+pub(crate) mod mutants;
+pub(crate) mod rng;
+pub(crate) mod runtime;
+pub(crate) mod storage;
+pub(crate) mod task;
+#[cfg(feature = "testing")]
 #[doc(hidden)]
-pub mod fault;
-#[doc(hidden)]
-pub mod file;
-#[doc(hidden)]
-pub mod mutants;
-#[doc(hidden)]
-pub mod rng;
-#[doc(hidden)]
-pub mod runtime;
-#[doc(hidden)]
-pub mod storage;
-#[doc(hidden)]
-pub mod task;
-#[doc(hidden)]
-pub mod tsv;
+pub mod testing;
+pub(crate) mod tsv;
 
 /// ```
 /// use txstore::Record;
@@ -161,6 +154,8 @@ pub use task::processor::Kv;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use task::processor::WordCount;
+/// The most entries one [`Context::range`] call returns.
+pub use task::processor::MAX_RANGE_PAGE;
 /// ```
 /// let dir = tempfile::tempdir()?;
 /// let (mut task, _) = txstore::TaskBuilder::new(dir.path()).open()?;

@@ -28,6 +28,7 @@ pub fn escape(bytes: &[u8]) -> String {
 }
 
 /// The bytes an [`escape`]d field stands for; `None` if it is not one.
+#[cfg(any(test, feature = "testing"))]
 pub fn unescape(field: &str) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(field.len());
     let mut rest = field.as_bytes();

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
-use txstore::runtime::Runtime;
+use txstore::Runtime;
 
 /// One runtime for the test process, caching compiled guests in a
 /// directory of its own so tests never touch the user's cache.

@@ -2,10 +2,12 @@
 
 use crate::common::runtime;
 use std::sync::Arc;
-use txstore::config::{BackendKind, Config};
-use txstore::runtime::{GuestSource, Isolation, Limits, StoreInstance};
-use txstore::storage::{Backend, MemoryBackend, RocksBackend};
-use txstore::task::Task;
+use txstore::testing::BackendKind;
+use txstore::Config;
+use txstore::testing::{GuestSource, StoreInstance};
+use txstore::{Isolation, Limits};
+use txstore::testing::{Backend, MemoryBackend, RocksBackend};
+use txstore::Task;
 
 const RU: Isolation = Isolation::ReadUncommitted;
 
@@ -147,7 +149,7 @@ fn reopen_after_clean_close_keeps_data() {
         config.store.backend = BackendKind::Rocksdb;
         let (mut task, report) = Task::open(&config, runtime()).unwrap();
         assert_eq!(report.recovered_offset, None);
-        task.write(&[txstore::changelog::Record::Put(
+        task.write(&[txstore::Record::Put(
             b"k".to_vec(),
             b"v".to_vec(),
         )])

@@ -132,7 +132,7 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
         .unwrap();
     let started = Instant::now();
     let state = dir.path().join("state");
-    while !txstore::task::serve::is_served(&state) {
+    while !txstore::testing::is_served(&state) {
         assert!(
             run.try_wait().unwrap().is_none(),
             "the run ended before it served"
@@ -205,7 +205,7 @@ fn a_running_task_answers_both_isolation_levels_with_states_it_had() {
         uncommitted.mid_run
     );
     assert!(
-        !txstore::task::serve::is_served(&state),
+        !txstore::testing::is_served(&state),
         "the run's socket outlived it"
     );
     // After the run the store answers offline, with the whole input.
@@ -245,7 +245,7 @@ fn start_run(
     }
     let mut run = cmd.spawn().unwrap();
     let started = Instant::now();
-    while !txstore::task::serve::is_served(&dir.join("state")) {
+    while !txstore::testing::is_served(&dir.join("state")) {
         assert!(
             run.try_wait().unwrap().is_none(),
             "the run ended before it served"
@@ -321,7 +321,7 @@ fn a_hostile_client_cannot_stop_or_stall_the_task() {
     );
 
     // Idle and slow clients, more than the task serves at once.
-    let name = txstore::task::serve::socket_name(&state).unwrap();
+    let name = txstore::testing::socket_name(&state).unwrap();
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name).unwrap();
     let idle: Vec<_> = (0..40)
         .map(|_| std::os::unix::net::UnixStream::connect_addr(&addr).unwrap())

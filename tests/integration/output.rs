@@ -339,10 +339,10 @@ fn output_fields_with_tabs_and_newlines_cannot_forge_lines() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "one line per record: {text:?}");
     let (k, v) = lines[0].split_once('\t').unwrap();
-    assert_eq!(txstore::tsv::unescape(k).as_deref(), Some(key));
-    assert_eq!(txstore::tsv::unescape(v).as_deref(), Some(value));
+    assert_eq!(txstore::testing::unescape(k).as_deref(), Some(key));
+    assert_eq!(txstore::testing::unescape(v).as_deref(), Some(value));
     assert_eq!(
-        txstore::tsv::unescape(lines[1]).as_deref(),
+        txstore::testing::unescape(lines[1]).as_deref(),
         Some(&b"gone\tkey"[..])
     );
 }

@@ -237,7 +237,7 @@ fn a_second_process_on_the_same_store_is_refused() {
     let c = config.to_str().unwrap();
     ok(&txstore(&["put", "k", "v", "--config", c]));
     // This process holds the store open, as a running `txstore run` would.
-    let held = txstore::storage::RocksBackend::open(&dir.path().join("state/store")).unwrap();
+    let held = txstore::testing::RocksBackend::open(&dir.path().join("state/store")).unwrap();
     let out = txstore(&["get", "k", "--config", c]);
     assert!(!out.status.success());
     assert!(

@@ -9,11 +9,12 @@ use crate::kv::open;
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use txstore::config::{Config, ProcessorSpec};
-use txstore::conformance::copy_dir;
-use txstore::runtime::Isolation;
-use txstore::storage::{Backend, RocksBackend};
-use txstore::task::Task;
+use txstore::testing::ProcessorSpec;
+use txstore::Config;
+use txstore::testing::copy_dir;
+use txstore::Isolation;
+use txstore::testing::{Backend, RocksBackend};
+use txstore::Task;
 
 const RC: Isolation = Isolation::ReadCommitted;
 const RU: Isolation = Isolation::ReadUncommitted;
@@ -186,7 +187,7 @@ fn isolation_levels_for_every_transactional_guest() {
         };
         let committed = view(&[("a", "1"), ("b", "2"), ("c", "3")]);
         let uncommitted = view(&[("a", "1"), ("b", "20"), ("d", "4")]);
-        let point = |s: &mut txstore::runtime::StoreInstance, iso| -> Vec<Option<Vec<u8>>> {
+        let point = |s: &mut txstore::testing::StoreInstance, iso| -> Vec<Option<Vec<u8>>> {
             keys.iter().map(|k| s.get(k, iso).unwrap()).collect()
         };
         let as_opts = |pairs: &[(Vec<u8>, Vec<u8>)]| -> Vec<Option<Vec<u8>>> {

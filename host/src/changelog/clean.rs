@@ -75,7 +75,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub use index::capacity as index_capacity;
+#[cfg(test)]
+use index::capacity as index_capacity;
 
 /// Kept data frames between two kept commit frames of a cleaned segment.
 pub const COMMIT_EVERY: u64 = 1024;
@@ -541,6 +542,7 @@ impl<'a> Pass<'a> {
 
 /// Builds one `.clean` file for every segment a pass over `plan` rewrites,
 /// without installing it (tests).
+#[cfg(test)]
 pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
     let Some(mut pass) = Pass::new(plan, cancel)? else {
         return Ok(None);

@@ -418,17 +418,6 @@ impl EmbeddedLog {
         Ok(info.offset)
     }
 
-    fn truncate_open_transaction(&mut self) -> Result<()> {
-        self.writer.flush()?;
-        // Append mode: the next write goes to the new end.
-        self.writer.get_ref().set_len(self.committed_len)?;
-        self.written_len = self.committed_len;
-        self.next_offset = self
-            .last
-            .map_or(self.segments.last().unwrap().0, |c| c.offset);
-        Ok(())
-    }
-
     /// Runs `op`; a failure poisons the log (see the module documentation).
     fn guarded<T>(&mut self, op: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         if let Some(first) = &self.failed {
@@ -438,6 +427,7 @@ impl EmbeddedLog {
     }
 
     /// The segment files, oldest first.
+    #[cfg(test)]
     pub fn segments(&self) -> impl Iterator<Item = &Path> {
         self.segments.iter().map(|(_, p)| p.as_path())
     }
@@ -450,10 +440,6 @@ impl Changelog for EmbeddedLog {
 
     fn commit(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64> {
         self.guarded(|log| log.commit_frame(input_position, input_check))
-    }
-
-    fn abort(&mut self) -> Result<()> {
-        self.guarded(|log| log.truncate_open_transaction())
     }
 
     fn read_committed(

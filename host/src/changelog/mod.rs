@@ -153,8 +153,6 @@ pub trait Changelog: Send {
     /// the task's input position (and the checksum of the input before
     /// it); returns the new committed offset.
     fn commit(&mut self, input_position: u64, input_check: Option<u32>) -> Result<u64>;
-    /// Discards the open transaction.
-    fn abort(&mut self) -> Result<()>;
     /// Calls `f` with every committed record whose transaction ends after
     /// `from`, and with each transaction's end, in order.
     fn read_committed(

@@ -8,7 +8,6 @@ mod task;
 pub use changelog::{ChangelogConfig, ChangelogKind, CleanMode};
 pub use task::{
     Assignment, Guarantee, InputSpec, KafkaInput, OutputSpec, ProcessorSpec, TaskConfig,
-    MAX_THREADS,
 };
 
 use crate::runtime::{GuestSource, Limits};

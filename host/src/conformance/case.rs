@@ -181,21 +181,6 @@ fn spawn(
 /// The signal `abort()` ends a process with: a crash point was reached.
 const SIGABRT: i32 = 6;
 
-/// Copies a directory tree.
-pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
-}
-
 /// One broken promise with the command that shows it again.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Failure {

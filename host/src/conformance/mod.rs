@@ -39,8 +39,8 @@ mod plan;
 mod report;
 pub mod workload;
 
-pub use case::{copy_dir, Failure, KafkaTarget};
-pub use report::{render, GuestReport, Row};
+pub use case::{Failure, KafkaTarget};
+pub use report::{render, GuestReport};
 
 use crate::config::Guarantee;
 use crate::runtime::{GuestSource, Runtime};

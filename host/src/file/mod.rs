@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-pub use power::{attach, power_loss};
+pub use power::attach;
 
 /// An error that names what failed and where, keeping the OS error kind.
 fn named(e: io::Error, what: &str, path: &Path) -> io::Error {
@@ -70,10 +70,6 @@ impl File {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The file's length now (page cache included).
     pub fn len(&self) -> io::Result<u64> {
         Ok(self
@@ -81,10 +77,6 @@ impl File {
             .metadata()
             .map_err(|e| named(e, "cannot stat", &self.path))?
             .len())
-    }
-
-    pub fn is_empty(&self) -> io::Result<bool> {
-        Ok(self.len()? == 0)
     }
 
     pub fn set_len(&self, len: u64) -> io::Result<()> {

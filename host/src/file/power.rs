@@ -18,7 +18,7 @@
 //! directory renamed into place and made durable keeps what is durable in
 //! it, and one whose rename is undone goes back with all of it.
 //!
-//! [`power_loss`] rolls the state back to the journal: the tree the
+//! `power_loss` rolls the state back to the journal: the tree the
 //! durable entries describe (unsynced creates, renames and removes
 //! undone, directories moved back with their contents), every file with
 //! its durable content. With a seed, it also chooses what the hardware may
@@ -46,7 +46,8 @@
 
 mod loss;
 
-pub use loss::power_loss;
+#[cfg(test)]
+use loss::power_loss;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -11,7 +11,6 @@ pub use host::GuestState;
 pub use instance::{
     CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError, RANGE_PAGE,
 };
-pub use limiter::MemoryLimitExceeded;
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};

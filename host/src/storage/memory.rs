@@ -56,9 +56,6 @@ impl Backend for MemoryBackend {
         }))
     }
 
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
 }
 
 struct MemoryStore {

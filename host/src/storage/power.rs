@@ -201,9 +201,6 @@ impl Backend for PowerBackend {
         }))
     }
 
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
 }
 
 /// One store's storage, logged for [`PowerBackend`].

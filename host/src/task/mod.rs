@@ -31,7 +31,7 @@ use anyhow::Result;
 pub use apply::WriteCalls;
 pub use builder::TaskBuilder;
 pub use processor::{Context, Input, Processor};
-pub use recovery::{open_backend, open_backend_at, RecoveryReport};
+pub use recovery::{open_backend_at, RecoveryReport};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -63,7 +63,7 @@ fn action_name(a: RecoveryAction) -> &'static str {
 }
 
 /// Opens the storage backend a config names.
-pub fn open_backend(config: &Config) -> Result<Arc<dyn Backend>> {
+fn open_backend(config: &Config) -> Result<Arc<dyn Backend>> {
     open_backend_at(config.store.backend, &config.state_dir().join("store"))
 }
 

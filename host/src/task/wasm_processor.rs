@@ -303,11 +303,6 @@ impl WasmProcessor {
     fn explain(&self, e: &wasmtime::Error) -> String {
         crate::runtime::instance::explain(e, &self.limits, &self.store.data().stderr)
     }
-
-    /// The most linear memory the processor has held, in bytes.
-    pub fn peak_memory_bytes(&self) -> u64 {
-        self.store.data().limits.peak_memory as u64
-    }
 }
 
 impl Processor for WasmProcessor {

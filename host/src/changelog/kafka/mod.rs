@@ -524,25 +524,6 @@ impl Changelog for KafkaLog {
         }
     }
 
-    fn abort(&mut self) -> Result<()> {
-        self.txn_records = 0;
-        self.txn_output = 0;
-        if self.in_transaction {
-            // librdkafka's abort waits for every delivery report to be
-            // served; this producer serves them only when polled.
-            self.producer
-                .purge(PurgeConfig::default().queue().inflight());
-            self.flush()?;
-            self.producer
-                .abort_transaction(self.s.timeout)
-                .map_err(|e| self.error("abort_transaction", e))?;
-            *self.producer.context().state.lock().unwrap() = DeliveryState::default();
-            self.in_transaction = false;
-        }
-        self.failed = false;
-        Ok(())
-    }
-
     fn read_committed(
         &mut self,
         from: u64,

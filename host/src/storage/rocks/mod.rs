@@ -182,9 +182,6 @@ impl Backend for RocksBackend {
         Ok(Box::new(self.store(store)?))
     }
 
-    fn kind(&self) -> &'static str {
-        "rocksdb"
-    }
 }
 
 struct RocksStore {
