@@ -9,7 +9,7 @@ use crate::changelog::Record;
 use crate::config::{Config, Guarantee};
 use crate::crash;
 use crate::runtime::{Isolation, Runtime};
-use crate::task::Task;
+use crate::task::{RecoveryReport, Task};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -200,27 +200,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
         .map_err(|e| violation("recovery follows the contract", format!("{e:#}")))?;
     let (_, recover_calls) = crash::call_counts();
     let done = task.committed_input_position() as usize;
-    if done < acked.steps {
-        return Err(violation(
-            "nothing committed is lost",
-            format!(
-                "the task acknowledged a commit of {} steps, but after the crash the changelog holds {done} \
-                 (recovery: {}, replayed {} records)",
-                acked.steps, report.action, report.replayed_records
-            ),
-        ));
-    }
-    if let Some(at) = acked.closed_at {
-        if report.checkpoint != Some(at) {
-            return Err(violation(
-                "a clean shutdown survives a crash",
-                format!(
-                    "the task closed cleanly with checkpoint {at}, but the next start found {:?}",
-                    report.checkpoint
-                ),
-            ));
-        }
-    }
+    check_nothing_lost(&acked, &report, done)?;
     write_acked(
         dir,
         &Acked {
@@ -229,53 +209,7 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
         },
     );
     crash::step("after-recovery");
-    if done > steps.len() {
-        return Err(violation(
-            "committed state",
-            format!(
-                "the changelog says {done} steps were committed, of {}",
-                steps.len()
-            ),
-        ));
-    }
-    let committed = workload::model_at(steps, done);
-    let want: Vec<_> = committed
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let read = |task: &mut Task, iso| {
-        task.store()
-            .range_all(None, None, iso)
-            .map_err(|e| violation("no guest errors", e.to_string()))
-    };
-    let got = read(&mut task, Isolation::ReadCommitted)?;
-    if let Some(d) = diff(&got, &want) {
-        return Err(violation(
-            "committed state after recovery",
-            format!(
-                "after {} (replayed {} records) at step {done}: {d}",
-                report.action, report.replayed_records
-            ),
-        ));
-    }
-    let got = read(&mut task, Isolation::ReadUncommitted)?;
-    if let Some(d) = diff(&got, &want) {
-        return Err(violation(
-            "nothing uncommitted visible after recovery",
-            format!("at step {done}, read-uncommitted: {d}"),
-        ));
-    }
-    // After the state checks, which name the graver failure.
-    if acked.closed_at.is_some() && report.action != "clean" {
-        return Err(violation(
-            "recovery after a clean shutdown says clean",
-            format!(
-                "the task closed cleanly, but recover reported `{}` (to offset {:?}, checkpoint {:?})",
-                report.action, report.recovered_offset, report.checkpoint
-            ),
-        ));
-    }
-    committed_offset_matches(&mut task, "after recovery")?;
+    let committed = check_recovered_state(&mut task, &report, &acked, steps, done)?;
     let reads_checked = 3 + execute(&mut task, steps, done, committed, report.transactional, dir)?;
     let guest_calls: Vec<(String, u64)> = task
         .store()
@@ -317,6 +251,96 @@ pub fn run(runtime: &Runtime, config: &Config, steps: &[Step]) -> Result<Summary
     })
 }
 
+/// What recovery kept: every acknowledged commit, and a clean close's
+/// checkpoint.
+fn check_nothing_lost(
+    acked: &Acked,
+    report: &RecoveryReport,
+    done: usize,
+) -> Result<(), Violation> {
+    if done < acked.steps {
+        return Err(violation(
+            "nothing committed is lost",
+            format!(
+                "the task acknowledged a commit of {} steps, but after the crash the changelog holds {done} \
+                 (recovery: {}, replayed {} records)",
+                acked.steps, report.action, report.replayed_records
+            ),
+        ));
+    }
+    if let Some(at) = acked.closed_at {
+        if report.checkpoint != Some(at) {
+            return Err(violation(
+                "a clean shutdown survives a crash",
+                format!(
+                    "the task closed cleanly with checkpoint {at}, but the next start found {:?}",
+                    report.checkpoint
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The recovered store against the committed model, at both isolation
+/// levels; returns that model.
+fn check_recovered_state(
+    task: &mut Task,
+    report: &RecoveryReport,
+    acked: &Acked,
+    steps: &[Step],
+    done: usize,
+) -> Result<Model, Violation> {
+    if done > steps.len() {
+        return Err(violation(
+            "committed state",
+            format!(
+                "the changelog says {done} steps were committed, of {}",
+                steps.len()
+            ),
+        ));
+    }
+    let committed = workload::model_at(steps, done);
+    let want: Vec<_> = committed
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let read = |task: &mut Task, iso| {
+        task.store()
+            .range_all(None, None, iso)
+            .map_err(|e| violation("no guest errors", e.to_string()))
+    };
+    let got = read(task, Isolation::ReadCommitted)?;
+    if let Some(d) = diff(&got, &want) {
+        return Err(violation(
+            "committed state after recovery",
+            format!(
+                "after {} (replayed {} records) at step {done}: {d}",
+                report.action, report.replayed_records
+            ),
+        ));
+    }
+    let got = read(task, Isolation::ReadUncommitted)?;
+    if let Some(d) = diff(&got, &want) {
+        return Err(violation(
+            "nothing uncommitted visible after recovery",
+            format!("at step {done}, read-uncommitted: {d}"),
+        ));
+    }
+    // After the state checks, which name the graver failure.
+    if acked.closed_at.is_some() && report.action != "clean" {
+        return Err(violation(
+            "recovery after a clean shutdown says clean",
+            format!(
+                "the task closed cleanly, but recover reported `{}` (to offset {:?}, checkpoint {:?})",
+                report.action, report.recovered_offset, report.checkpoint
+            ),
+        ));
+    }
+    committed_offset_matches(task, "after recovery")?;
+    Ok(committed)
+}
+
 /// The store's `committed-offset` is the changelog's last commit: after a
 /// recovery (which ends with the store at the changelog's end) and after
 /// every commit.
@@ -341,141 +365,202 @@ fn execute(
     task: &mut Task,
     steps: &[Step],
     from: usize,
-    mut committed: Model,
+    committed: Model,
     transactional: bool,
     dir: &Path,
 ) -> Result<u64, Violation> {
-    let mut reads = 0u64;
-    let guest_error = |e: anyhow::Error| violation("no guest errors", format!("{e:#}"));
-    let mut live = committed.clone();
-    let mut committed_at = from;
+    let mut check = Checker {
+        task,
+        steps,
+        live: committed.clone(),
+        committed,
+        committed_at: from,
+        transactional,
+        dir,
+        reads: 0,
+    };
     for (i, step) in steps.iter().enumerate().skip(from) {
-        // A store that is not transactional has no committed view to check.
-        let unchecked = |iso: &Isolation| *iso == Isolation::ReadCommitted && !transactional;
-        let model = |iso: Isolation| {
-            if iso == Isolation::ReadCommitted {
-                &committed
-            } else {
-                &live
-            }
-        };
         match step {
             Step::Read(_, iso) | Step::ReadMany(_, iso) | Step::Range(_, _, iso, _)
-                if unchecked(iso) => {}
-            Step::Read(..) | Step::ReadMany(..) | Step::Range(..) => reads += 1,
-            _ => {}
-        }
-        match step {
-            Step::Read(_, iso) | Step::ReadMany(_, iso) | Step::Range(_, _, iso, _)
-                if unchecked(iso) => {}
-            Step::Write(records, shape) => {
-                task.write_with(records, *shape).map_err(guest_error)?;
-                // Before the record ends (and the task's threshold may
-                // commit): the estimate bounds memory through those early
-                // commits, so it may count more, never less than the keys
-                // and values held, nor far more (commits for nothing).
-                let open_from = (task.committed_input_position() as usize).min(i);
-                let (held, written) = held_bytes(&steps[open_from..=i]);
-                let said = task
-                    .store()
-                    .approximate_uncommitted_bytes()
-                    .map_err(|e| guest_error(e.into()))?;
-                if said < held || said > written {
-                    return Err(violation(
-                        "approximate-uncommitted-bytes counts what is held",
-                        format!(
-                            "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and \
-                             values (at most {written} with twice every write and {WRITE_OVERHEAD} per write)"
-                        ),
-                    ));
-                }
-                workload::apply(&mut live, records);
-                task.end_record(i as u64 + 1).map_err(guest_error)?;
-            }
-            Step::Commit => task.commit().map_err(|e| guest_error(e.into()))?,
-            Step::Read(key, iso) => {
-                let got = task.get(key, *iso).map_err(|e| guest_error(e.into()))?;
-                let want = model(*iso).get(key);
-                if got.as_ref() != want {
-                    return Err(violation(
-                        property(*iso),
-                        format!(
-                            "step {i}: get {} returned {}, expected {}",
-                            short(key),
-                            show_value(got.as_deref()),
-                            show_value(want.map(Vec::as_slice))
-                        ),
-                    ));
-                }
-            }
-            Step::ReadMany(keys, iso) => {
-                let got = task
-                    .store()
-                    .get_many(keys, *iso)
-                    .map_err(|e| guest_error(e.into()))?;
-                let want: Vec<Option<&Vec<u8>>> = keys.iter().map(|k| model(*iso).get(k)).collect();
-                if got.len() != keys.len() {
-                    return Err(violation(
-                        property(*iso),
-                        format!(
-                            "step {i}: get-many of {} keys returned {} values",
-                            keys.len(),
-                            got.len()
-                        ),
-                    ));
-                }
-                if let Some(j) = (0..keys.len()).find(|&j| got[j].as_ref() != want[j]) {
-                    return Err(violation(
-                        property(*iso),
-                        format!(
-                            "step {i}: get-many of {} keys: key #{j} {} returned {}, expected {}",
-                            keys.len(),
-                            short(&keys[j]),
-                            show_value(got[j].as_deref()),
-                            show_value(want[j].map(Vec::as_slice))
-                        ),
-                    ));
-                }
-            }
+                if check.unchecked(*iso) => {}
+            Step::Write(records, shape) => check.write(i, records, *shape)?,
+            Step::Commit => check.task.commit().map_err(|e| guest_error(e.into()))?,
+            Step::Read(key, iso) => check.read(i, key, *iso)?,
+            Step::ReadMany(keys, iso) => check.read_many(i, keys, *iso)?,
             Step::Range(start, end, iso, page) => {
-                let want = workload::range(model(*iso), start.as_deref(), end.as_deref());
-                let (got, complete) =
-                    paged_range(task, start.as_deref(), end.as_deref(), *iso, *page)
-                        .map_err(|v| violation(v.property, format!("step {i}: {}", v.detail)))?;
-                // Paging one entry at a time through thousands costs more
-                // than it tells: a long range is compared as far as it went.
-                let want = if complete {
-                    &want[..]
-                } else {
-                    &want[..got.len().min(want.len())]
-                };
-                if let Some(d) = diff(&got, want) {
-                    return Err(violation(
-                        property(*iso),
-                        format!("step {i}: range by pages of {page}: {d}"),
-                    ));
-                }
+                check.range(i, start.as_deref(), end.as_deref(), *iso, *page)?
             }
-            Step::Empty => empty_calls(task)
+            Step::Empty => empty_calls(check.task)
                 .map_err(|v| violation(v.property, format!("step {i}: {}", v.detail)))?,
         }
-        // A commit (explicit or early) moves the committed model.
-        let now = task.committed_input_position() as usize;
-        if now != committed_at {
-            committed_at = now;
-            committed = workload::model_at(steps, now);
+        check.after_step(i, matches!(step, Step::Commit))?;
+    }
+    Ok(check.reads)
+}
+
+fn guest_error(e: anyhow::Error) -> Violation {
+    violation("no guest errors", format!("{e:#}"))
+}
+
+/// The running workload's checks: the live model (every write so far) and
+/// the committed one (the writes up to the last commit).
+struct Checker<'a> {
+    task: &'a mut Task,
+    steps: &'a [Step],
+    live: Model,
+    committed: Model,
+    /// The steps the committed model holds.
+    committed_at: usize,
+    transactional: bool,
+    dir: &'a Path,
+    /// Reads compared so far.
+    reads: u64,
+}
+
+impl Checker<'_> {
+    /// A store that is not transactional has no committed view to check.
+    fn unchecked(&self, iso: Isolation) -> bool {
+        iso == Isolation::ReadCommitted && !self.transactional
+    }
+
+    fn model(&self, iso: Isolation) -> &Model {
+        if iso == Isolation::ReadCommitted {
+            &self.committed
+        } else {
+            &self.live
+        }
+    }
+
+    fn write(
+        &mut self,
+        i: usize,
+        records: &[Record],
+        shape: workload::Shape,
+    ) -> Result<(), Violation> {
+        self.task.write_with(records, shape).map_err(guest_error)?;
+        // Before the record ends (and the task's threshold may commit): the
+        // estimate bounds memory through those early commits, so it may
+        // count more, never less than the keys and values held, nor far
+        // more (commits for nothing).
+        let open_from = (self.task.committed_input_position() as usize).min(i);
+        let (held, written) = held_bytes(&self.steps[open_from..=i]);
+        let said = self
+            .task
+            .store()
+            .approximate_uncommitted_bytes()
+            .map_err(|e| guest_error(e.into()))?;
+        if said < held || said > written {
+            return Err(violation(
+                "approximate-uncommitted-bytes counts what is held",
+                format!(
+                    "step {i}: it returned {said}, but the open transaction holds {held} bytes of keys and values \
+                     (at most {written} with twice every write and {WRITE_OVERHEAD} per write)"
+                ),
+            ));
+        }
+        workload::apply(&mut self.live, records);
+        self.task.end_record(i as u64 + 1).map_err(guest_error)
+    }
+
+    fn read(&mut self, i: usize, key: &[u8], iso: Isolation) -> Result<(), Violation> {
+        self.reads += 1;
+        let got = self.task.get(key, iso).map_err(|e| guest_error(e.into()))?;
+        let want = self.model(iso).get(key);
+        if got.as_ref() != want {
+            return Err(violation(
+                property(iso),
+                format!(
+                    "step {i}: get {} returned {}, expected {}",
+                    short(key),
+                    show_value(got.as_deref()),
+                    show_value(want.map(Vec::as_slice))
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn read_many(&mut self, i: usize, keys: &[Vec<u8>], iso: Isolation) -> Result<(), Violation> {
+        self.reads += 1;
+        let got = self
+            .task
+            .store()
+            .get_many(keys, iso)
+            .map_err(|e| guest_error(e.into()))?;
+        if got.len() != keys.len() {
+            return Err(violation(
+                property(iso),
+                format!(
+                    "step {i}: get-many of {} keys returned {} values",
+                    keys.len(),
+                    got.len()
+                ),
+            ));
+        }
+        let model = self.model(iso);
+        if let Some(j) = (0..keys.len()).find(|&j| got[j].as_ref() != model.get(&keys[j])) {
+            return Err(violation(
+                property(iso),
+                format!(
+                    "step {i}: get-many of {} keys: key #{j} {} returned {}, expected {}",
+                    keys.len(),
+                    short(&keys[j]),
+                    show_value(got[j].as_deref()),
+                    show_value(model.get(&keys[j]).map(Vec::as_slice))
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn range(
+        &mut self,
+        i: usize,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        iso: Isolation,
+        page: u32,
+    ) -> Result<(), Violation> {
+        self.reads += 1;
+        let want = workload::range(self.model(iso), start, end);
+        let (got, complete) = paged_range(self.task, start, end, iso, page)
+            .map_err(|v| violation(v.property, format!("step {i}: {}", v.detail)))?;
+        // Paging one entry at a time through thousands costs more than it
+        // tells: a long range is compared as far as it went.
+        let want = if complete {
+            &want[..]
+        } else {
+            &want[..got.len().min(want.len())]
+        };
+        if let Some(d) = diff(&got, want) {
+            return Err(violation(
+                property(iso),
+                format!("step {i}: range by pages of {page}: {d}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A commit (explicit or early) moves the committed model; after an
+    /// explicit one the store's offset and estimate are checked too.
+    fn after_step(&mut self, i: usize, explicit_commit: bool) -> Result<(), Violation> {
+        let now = self.task.committed_input_position() as usize;
+        if now != self.committed_at {
+            self.committed_at = now;
+            self.committed = workload::model_at(self.steps, now);
             write_acked(
-                dir,
+                self.dir,
                 &Acked {
                     steps: now,
                     closed_at: None,
                 },
             );
         }
-        if now == i + 1 && matches!(step, Step::Commit) {
-            committed_offset_matches(task, &format!("step {i}: after commit"))?;
-            reads += 1;
-            let left = task
+        if now == i + 1 && explicit_commit {
+            committed_offset_matches(self.task, &format!("step {i}: after commit"))?;
+            self.reads += 1;
+            let left = self
+                .task
                 .store()
                 .approximate_uncommitted_bytes()
                 .map_err(|e| guest_error(e.into()))?;
@@ -486,8 +571,8 @@ fn execute(
                 ));
             }
         }
+        Ok(())
     }
-    Ok(reads)
 }
 
 /// Per-write bookkeeping a guest may count on top of key and value bytes.
