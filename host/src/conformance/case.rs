@@ -266,14 +266,19 @@ pub(super) fn run_case(case: &Case, learn_recovery: bool, scratch: &Path) -> Res
     let started = Instant::now();
     let dir = tempfile::tempdir_in(scratch)
         .with_context(|| format!("cannot make a case directory in {}", scratch.display()))?;
-    let state = dir.path().join("state");
     let kafka = case.kafka.as_deref().map(KafkaTarget::fresh);
-    let env = Env {
-        kafka: kafka.as_ref(),
-        power_sim: case.power_sim(),
-        io_error: None,
-        guarantee: case.guarantee,
-        guest_options: &case.guest_options,
+    let run = CaseRun {
+        case,
+        state: dir.path().join("state"),
+        env: Env {
+            kafka: kafka.as_ref(),
+            power_sim: case.power_sim(),
+            io_error: None,
+            guarantee: case.guarantee,
+            guest_options: &case.guest_options,
+        },
+        scratch_path: dir.path().display().to_string(),
+        when: when(case),
     };
     let mut result = CaseResult {
         case: case.clone(),
@@ -284,122 +289,164 @@ pub(super) fn run_case(case: &Case, learn_recovery: bool, scratch: &Path) -> Res
         summary: None,
         elapsed: Duration::ZERO,
     };
-    // The case's directory is gone when the report is read: advice that
-    // names it ("move .../state/store aside") must not send anyone there.
-    let scratch_path = dir.path().display().to_string();
-    let fail = |property: String, detail: String, when: &str| Failure {
-        check: case.check,
-        cause: None,
-        property: format!("{property}{when}"),
-        detail: detail.replace(&scratch_path, "<case dir>"),
-        reproducer: case.reproducer(),
-    };
+    if let Some(spec) = &case.io_error {
+        run.inject(spec, &mut result)?;
+    }
+    if result.failure.is_none() {
+        let kept_open_writes = run.crash(&mut result)?;
+        if result.failure.is_none() {
+            run.restart(&mut result, learn_recovery, kept_open_writes)?;
+        }
+    }
+    result.elapsed = started.elapsed();
+    Ok(result)
+}
+
+/// When a case's failure happened, for its property: after which crash or
+/// injected error, under which guarantee.
+fn when(case: &Case) -> String {
     // Under at-least-once the start-up differs: say so.
     let guarantee = match case.guarantee {
         crate::config::Guarantee::ExactlyOnce => String::new(),
         g => format!(", under {g}"),
     };
-    let mut when = match (case.points.is_empty(), guarantee.is_empty()) {
+    if let Some(spec) = &case.io_error {
+        return format!(" (after an injected {spec} error{guarantee})");
+    }
+    match (case.points.is_empty(), guarantee.is_empty()) {
         (true, true) => String::new(),
         (true, false) => format!(" ({})", &guarantee[2..]),
         (false, _) => format!(
             " (after a crash at {}{guarantee})",
             case.points.join(", then ")
         ),
-    };
-    if let Some(spec) = &case.io_error {
-        when = format!(" (after an injected {spec} error{guarantee})");
-        let io_env = Env {
-            io_error: Some(spec.as_str()),
-            ..env
+    }
+}
+
+/// One case's children, run one after another on one state directory.
+struct CaseRun<'a> {
+    case: &'a Case,
+    state: std::path::PathBuf,
+    env: Env<'a>,
+    /// The case's directory is gone when the report is read: advice that
+    /// names it ("move .../state/store aside") must not send anyone there.
+    scratch_path: String,
+    when: String,
+}
+
+impl CaseRun<'_> {
+    fn fail(&self, property: String, detail: String, label: &str) -> Failure {
+        Failure {
+            check: self.case.check,
+            cause: None,
+            property: format!("{property}{}{label}", self.when),
+            detail: detail.replace(&self.scratch_path, "<case dir>"),
+            reproducer: self.case.reproducer(),
+        }
+    }
+
+    fn spawn(&self, at: Option<&str>, env: Env) -> Result<Outcome> {
+        let case = self.case;
+        spawn(&case.guest, &self.state, case.seed, case.ops, at, env)
+    }
+
+    /// The run with an I/O error injected: it may stop, in one line.
+    fn inject(&self, spec: &str, result: &mut CaseResult) -> Result<()> {
+        let env = Env {
+            io_error: Some(spec),
+            ..self.env
         };
-        match spawn(&case.guest, &state, case.seed, case.ops, None, io_env)? {
+        match self.spawn(None, env)? {
             Outcome::Stopped(line) if line.contains('\n') => {
-                result.failure = Some(fail(
-                    "an I/O error is reported in one line".into(),
-                    line,
-                    &when,
-                ));
+                let property = "an I/O error is reported in one line".into();
+                result.failure = Some(self.fail(property, line, ""));
             }
             Outcome::Stopped(_) | Outcome::Finished(_) => result.reached += 1,
             Outcome::Crashed { .. } => bail!("a child crashed with no crash point armed"),
             Outcome::Violation { property, detail } => {
-                result.failure = Some(fail(property, detail, &when));
+                result.failure = Some(self.fail(property, detail, ""));
             }
         }
-        if result.failure.is_some() {
-            result.elapsed = started.elapsed();
-            return Ok(result);
-        }
+        Ok(())
     }
-    let mut first_kept_open_writes = false;
-    for p in &case.points {
-        match spawn(&case.guest, &state, case.seed, case.ops, Some(p), env)? {
-            Outcome::Crashed {
-                choices,
-                open_writes,
-            } => {
-                if result.reached == 0 {
-                    result.choices = choices;
-                    first_kept_open_writes = open_writes;
+
+    /// The runs crashed at the case's points in turn. Returns whether the
+    /// first crash left writes of the open transaction in storage.
+    fn crash(&self, result: &mut CaseResult) -> Result<bool> {
+        let mut first_kept_open_writes = false;
+        for p in &self.case.points {
+            match self.spawn(Some(p), self.env)? {
+                Outcome::Crashed {
+                    choices,
+                    open_writes,
+                } => {
+                    if result.reached == 0 {
+                        result.choices = choices;
+                        first_kept_open_writes = open_writes;
+                    }
+                    result.reached += 1;
                 }
-                result.reached += 1;
-            }
-            Outcome::Finished(_) => {}
-            Outcome::Stopped(line) => bail!("a child stopped with no error injected: {line}"),
-            Outcome::Violation { property, detail } => {
-                result.failure = Some(fail(property, detail, &when));
-                result.elapsed = started.elapsed();
-                return Ok(result);
-            }
-        }
-    }
-    for (round, label) in ["", " (clean restart)"].iter().enumerate() {
-        match spawn(&case.guest, &state, case.seed, case.ops, None, env)? {
-            Outcome::Finished(s) => {
-                // Only a first crash that kept open writes and had no
-                // second crash (whose recovery may have removed them).
-                if round == 0
-                    && first_kept_open_writes
-                    && case.points.len() == 1
-                    && s.recovery_action == "clean"
-                {
-                    result.failure = Some(fail(
-                        "recovery after a crash with open writes in storage does not say clean".into(),
-                        format!(
-                            "storage kept writes of the open transaction, but recover reported `clean` (nothing to \
-                             undo), resuming at step {}",
-                            s.resumed_at
-                        ),
-                        &when,
-                    ));
+                Outcome::Finished(_) => {}
+                Outcome::Stopped(line) => bail!("a child stopped with no error injected: {line}"),
+                Outcome::Violation { property, detail } => {
+                    result.failure = Some(self.fail(property, detail, ""));
                     break;
                 }
-                if round == 0 {
-                    if learn_recovery && result.reached > 0 {
-                        // The recovery of this crashed state reached these
-                        // points: each is a place to crash it again.
-                        result.second_points = (1..=s.recover_calls)
-                            .map(|m| format!("recover-call:{m}"))
-                            .collect();
-                        if s.steps
-                            .iter()
-                            .any(|(name, n)| name == "during-restore" && *n > 0)
-                        {
-                            result.second_points.push("during-restore".into());
-                        }
-                    }
-                    result.summary = Some(s);
-                }
-            }
-            Outcome::Crashed { .. } => bail!("a child crashed with no crash point armed"),
-            Outcome::Stopped(line) => bail!("a child stopped with no error injected: {line}"),
-            Outcome::Violation { property, detail } => {
-                result.failure = Some(fail(property, detail, &format!("{when}{label}")));
-                break;
             }
         }
+        Ok(first_kept_open_writes)
     }
-    result.elapsed = started.elapsed();
-    Ok(result)
+
+    /// Two runs to the end without a crash: the recovery of the crashed
+    /// state, then a clean restart.
+    fn restart(
+        &self,
+        result: &mut CaseResult,
+        learn_recovery: bool,
+        kept_open_writes: bool,
+    ) -> Result<()> {
+        for (round, label) in ["", " (clean restart)"].iter().enumerate() {
+            let s = match self.spawn(None, self.env)? {
+                Outcome::Finished(s) => s,
+                Outcome::Crashed { .. } => bail!("a child crashed with no crash point armed"),
+                Outcome::Stopped(line) => bail!("a child stopped with no error injected: {line}"),
+                Outcome::Violation { property, detail } => {
+                    result.failure = Some(self.fail(property, detail, label));
+                    return Ok(());
+                }
+            };
+            if round > 0 {
+                continue;
+            }
+            // Only a first crash that kept open writes and had no second
+            // crash (whose recovery may have removed them).
+            if kept_open_writes && self.case.points.len() == 1 && s.recovery_action == "clean" {
+                result.failure = Some(self.fail(
+                    "recovery after a crash with open writes in storage does not say clean".into(),
+                    format!(
+                        "storage kept writes of the open transaction, but recover reported `clean` (nothing to \
+                         undo), resuming at step {}",
+                        s.resumed_at
+                    ),
+                    "",
+                ));
+                return Ok(());
+            }
+            if learn_recovery && result.reached > 0 {
+                // The recovery of this crashed state reached these points:
+                // each is a place to crash it again.
+                result.second_points = (1..=s.recover_calls)
+                    .map(|m| format!("recover-call:{m}"))
+                    .collect();
+                if s.steps
+                    .iter()
+                    .any(|(name, n)| name == "during-restore" && *n > 0)
+                {
+                    result.second_points.push("during-restore".into());
+                }
+            }
+            result.summary = Some(s);
+        }
+        Ok(())
+    }
 }
