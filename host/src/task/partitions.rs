@@ -260,14 +260,8 @@ impl ConsumerContext for Rebalancer {
 /// one the config names).
 pub type ProcessorFactory<'a> = Option<&'a (dyn Fn(i32) -> Box<dyn super::Processor> + Sync)>;
 
-/// Runs the tasks of `config`'s Kafka input until `stop` is set (then
-/// every open task commits and closes) or a task fails.
-pub fn run(
-    config: &Config,
-    runtime: &Runtime,
-    stop: &AtomicBool,
-    processors: ProcessorFactory<'_>,
-) -> Result<Summary> {
+/// The Kafka input, its bootstrap servers and its consumer group, checked.
+fn input_settings(config: &Config) -> Result<(&KafkaInput, String, String)> {
     let input = config
         .kafka_input()
         .context("task.input is not a Kafka topic")?;
@@ -289,6 +283,18 @@ pub fn run(
         .group_id
         .clone()
         .unwrap_or_else(|| format!("txstore-{}", config.store.name));
+    Ok((input, bootstrap, group))
+}
+
+/// Runs the tasks of `config`'s Kafka input until `stop` is set (then
+/// every open task commits and closes) or a task fails.
+pub fn run(
+    config: &Config,
+    runtime: &Runtime,
+    stop: &AtomicBool,
+    processors: ProcessorFactory<'_>,
+) -> Result<Summary> {
+    let (input, bootstrap, group) = input_settings(config)?;
     let consumer_config = consumer_config(input, &bootstrap, &group);
     let threads = config.task.threads;
     let shared = std::sync::Arc::new(Shared::default());
@@ -531,99 +537,25 @@ fn work(
     shared: &Shared,
     processors: ProcessorFactory<'_>,
 ) {
-    let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
-    // Each task answers live queries on its own state directory's socket.
-    let mut servers: BTreeMap<i32, QueryServer> = BTreeMap::new();
+    let mut worker = Worker {
+        config,
+        runtime,
+        partitions,
+        shared,
+        processors,
+        servers: BTreeMap::new(),
+        tasks: BTreeMap::new(),
+    };
     let mut last_sweep = Instant::now();
     let result = (|| -> Result<()> {
         loop {
-            let command = match rx.recv_timeout(TICK) {
-                Ok(c) => Some(c),
-                Err(RecvTimeoutError::Timeout) => None,
+            match rx.recv_timeout(TICK) {
+                Ok(command) => worker.handle(command)?,
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
-            };
-            match command {
-                Some(Command::Open { partition, reply }) => {
-                    // Assigned twice: the old task closes first (it holds
-                    // the partition's directory lock).
-                    servers.remove(&partition);
-                    if let Some(old) = tasks.remove(&partition) {
-                        old.close()
-                            .with_context(|| format!("closing partition {partition}"))?;
-                    }
-                    let answer = open(config, runtime, partition, partitions, shared, processors)
-                        .map(|(task, server)| {
-                            let position = task.input_position();
-                            tasks.insert(partition, task);
-                            if let Some(server) = server {
-                                servers.insert(partition, server);
-                            }
-                            position
-                        });
-                    let _ = reply.send(answer);
-                }
-                Some(Command::Record {
-                    partition,
-                    offset,
-                    key,
-                    value,
-                }) => {
-                    // Records of a partition closed meanwhile were fetched
-                    // before its revoke: its next owner reads them again.
-                    // One below the task's position was processed already
-                    // (offsets may skip: transaction markers take some).
-                    let task = tasks
-                        .get_mut(&partition)
-                        .filter(|t| offset >= 0 && offset as u64 >= t.input_position());
-                    if let Some(task) = task {
-                        let input = Input::Keyed {
-                            key: key.as_deref(),
-                            value: value.as_deref(),
-                        };
-                        task.process(input, offset as u64 + 1).with_context(|| {
-                            format!("partition {partition} at input offset {offset}")
-                        })?;
-                    }
-                }
-                Some(Command::Close { partition, reply }) => {
-                    servers.remove(&partition);
-                    let closed = match tasks.remove(&partition) {
-                        Some(task) => task.close().map(|stats| {
-                            let mut s = shared.summary.lock().unwrap();
-                            s.stats.add(&stats);
-                            s.closed += 1;
-                        }),
-                        None => Ok(()),
-                    };
-                    let closed = closed.with_context(|| format!("closing partition {partition}"));
-                    let failed = closed.is_err();
-                    let _ = reply.send(closed);
-                    if failed {
-                        bail!("closing partition {partition} failed");
-                    }
-                }
-                Some(Command::Lose { partition, reply }) => {
-                    servers.remove(&partition);
-                    if let Some(task) = tasks.remove(&partition) {
-                        let mut summary = shared.summary.lock().unwrap();
-                        summary.stats.add(&task.stats);
-                        summary.lost += 1;
-                        drop(task); // no commit, no checkpoint: as after a crash
-                    }
-                    let _ = reply.send(());
-                }
-                None => {}
             }
             if last_sweep.elapsed() >= TICK {
-                for (p, task) in &mut tasks {
-                    if let Some(server) = servers.get(p) {
-                        server
-                            .poll(task)
-                            .with_context(|| format!("partition {p}"))?;
-                    }
-                    task.commit_if_due()
-                        .with_context(|| format!("partition {p}"))?;
-                }
+                worker.sweep()?;
                 last_sweep = Instant::now();
             }
         }
@@ -633,8 +565,7 @@ fn work(
         shared.fail(e);
         // Dropped without commit: the next owner recovers them as after a
         // crash. Keep answering so the poll loop never waits on us.
-        drop(servers);
-        drop(tasks);
+        drop(worker);
         for command in rx {
             match command {
                 Command::Open { reply, .. } => {
@@ -649,6 +580,129 @@ fn work(
                 Command::Record { .. } => {}
             }
         }
+    }
+}
+
+/// A worker's tasks, one per partition it owns.
+struct Worker<'a> {
+    config: &'a Config,
+    runtime: &'a Runtime,
+    partitions: i32,
+    shared: &'a Shared,
+    processors: ProcessorFactory<'a>,
+    /// Each task answers live queries on its own state directory's socket.
+    /// (Declared first: dropped before the tasks, as a close does.)
+    servers: BTreeMap<i32, QueryServer>,
+    tasks: BTreeMap<i32, Task>,
+}
+
+impl Worker<'_> {
+    fn handle(&mut self, command: Command) -> Result<()> {
+        match command {
+            Command::Open { partition, reply } => {
+                let answer = self.open(partition);
+                let _ = reply.send(answer?);
+            }
+            Command::Record {
+                partition,
+                offset,
+                key,
+                value,
+            } => self.record(partition, offset, key.as_deref(), value.as_deref())?,
+            Command::Close { partition, reply } => {
+                self.servers.remove(&partition);
+                let closed = match self.tasks.remove(&partition) {
+                    Some(task) => task.close().map(|stats| {
+                        let mut s = self.shared.summary.lock().unwrap();
+                        s.stats.add(&stats);
+                        s.closed += 1;
+                    }),
+                    None => Ok(()),
+                };
+                let closed = closed.with_context(|| format!("closing partition {partition}"));
+                let failed = closed.is_err();
+                let _ = reply.send(closed);
+                if failed {
+                    bail!("closing partition {partition} failed");
+                }
+            }
+            Command::Lose { partition, reply } => {
+                self.servers.remove(&partition);
+                if let Some(task) = self.tasks.remove(&partition) {
+                    let mut summary = self.shared.summary.lock().unwrap();
+                    summary.stats.add(&task.stats);
+                    summary.lost += 1;
+                    drop(task); // no commit, no checkpoint: as after a crash
+                }
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens `partition`'s task: the answer for the poll loop (its input
+    /// position, or why it did not open), or the worker's own failure.
+    fn open(&mut self, partition: i32) -> Result<Result<u64>> {
+        // Assigned twice: the old task closes first (it holds the
+        // partition's directory lock).
+        self.servers.remove(&partition);
+        if let Some(old) = self.tasks.remove(&partition) {
+            old.close()
+                .with_context(|| format!("closing partition {partition}"))?;
+        }
+        let opened = open(
+            self.config,
+            self.runtime,
+            partition,
+            self.partitions,
+            self.shared,
+            self.processors,
+        );
+        Ok(opened.map(|(task, server)| {
+            let position = task.input_position();
+            self.tasks.insert(partition, task);
+            if let Some(server) = server {
+                self.servers.insert(partition, server);
+            }
+            position
+        }))
+    }
+
+    fn record(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<()> {
+        // Records of a partition closed meanwhile were fetched before its
+        // revoke: its next owner reads them again. One below the task's
+        // position was processed already (offsets may skip: transaction
+        // markers take some).
+        let task = self
+            .tasks
+            .get_mut(&partition)
+            .filter(|t| offset >= 0 && offset as u64 >= t.input_position());
+        if let Some(task) = task {
+            let input = Input::Keyed { key, value };
+            task.process(input, offset as u64 + 1)
+                .with_context(|| format!("partition {partition} at input offset {offset}"))?;
+        }
+        Ok(())
+    }
+
+    /// Live queries answered, and commits that are due made.
+    fn sweep(&mut self) -> Result<()> {
+        for (p, task) in &mut self.tasks {
+            if let Some(server) = self.servers.get(p) {
+                server
+                    .poll(task)
+                    .with_context(|| format!("partition {p}"))?;
+            }
+            task.commit_if_due()
+                .with_context(|| format!("partition {p}"))?;
+        }
+        Ok(())
     }
 }
 
