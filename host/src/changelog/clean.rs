@@ -58,19 +58,21 @@
 //! was, and the groups before it cleaned: a valid log (see [`run`]).
 
 mod index;
+mod pass;
+
+#[cfg(test)]
+use pass::build;
+use pass::{Pass, Written};
 #[cfg(test)]
 mod tests;
 
 use super::frame::{
-    decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, KIND_COMMIT, KIND_DATA,
-    MAX_FRAME, OP_DELETE,
+    decode, remove_if_exists, seal_path, write_seal, HEADER, KIND_CLEANED, MAX_FRAME,
 };
 use super::CommitInfo;
-use crate::file::{self, File};
-use anyhow::{bail, Context, Result};
-use index::{Index, KeyReader, Verdict};
-use std::hash::BuildHasher;
-use std::io::{BufReader, BufWriter, Read, Write};
+use crate::file;
+use anyhow::{Context, Result};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -337,220 +339,6 @@ fn data_key<'a>(payload: &'a [u8], path: &Path) -> Result<(u8, &'a [u8])> {
     let (&op, rest) = payload.split_first().ok_or_else(bad)?;
     let klen = u32::from_le_bytes(rest.get(0..4).ok_or_else(bad)?.try_into().unwrap()) as usize;
     Ok((op, rest.get(4..4 + klen).ok_or_else(bad)?))
-}
-
-/// One pass's state.
-struct Pass<'a> {
-    plan: &'a Plan,
-    index: Index,
-    keys: KeyReader,
-    /// The plan's bound, raised to its inputs' own.
-    deletes_below: u64,
-    /// How many of the plan's segments (a prefix) the pass rewrites.
-    rewrite: usize,
-    /// Where the pass leaves the clean point: the index's end, lowered to
-    /// the first indexed record of a key that lost a hash collision.
-    clean_to: u64,
-}
-
-/// What writing a group came to.
-enum Written {
-    Built(Built),
-    Cancelled,
-    /// A key lost a hash collision at this offset, below the header's
-    /// clean point: the group is written again with the clean point there.
-    Collided(u64),
-}
-
-impl<'a> Pass<'a> {
-    /// Builds the index. None if `cancel` was set.
-    fn new(plan: &'a Plan, cancel: &AtomicBool) -> Result<Option<Pass<'a>>> {
-        // A seed per pass: keys that collide in one pass do not in the next.
-        let seed = std::collections::hash_map::RandomState::new().hash_one(plan.clean_to);
-        let Some(index) = Index::build(plan, seed, cancel)? else {
-            return Ok(None);
-        };
-        let rewrite = plan
-            .segments
-            .iter()
-            .take_while(|(base, _)| *base < index.end)
-            .count();
-        let mut deletes_below = plan.deletes_below;
-        for (_, path) in &plan.segments[..rewrite] {
-            if let Some(h) = read_header(path)? {
-                deletes_below = deletes_below.max(h.deletes_below);
-            }
-        }
-        Ok(Some(Pass {
-            plan,
-            keys: KeyReader::new(plan),
-            deletes_below,
-            rewrite,
-            clean_to: index.end,
-            index,
-        }))
-    }
-
-    /// The end offset of the group ending before segment `stop`.
-    fn group_end(&self, stop: usize) -> u64 {
-        self.plan
-            .segments
-            .get(stop)
-            .map_or(self.plan.end, |(b, _)| *b)
-    }
-
-    /// Writes what segments `first..stop` keep into one durable `.clean`
-    /// file that takes the first one's place.
-    fn write_group(&mut self, first: usize, stop: usize, cancel: &AtomicBool) -> Result<Written> {
-        let end = self.group_end(stop);
-        let clean_to = self.clean_to.min(end);
-        let deletes_below = self.deletes_below;
-        let (base, first_path) = &self.plan.segments[first];
-        let out_path = building_path(first_path);
-        let mut out =
-            BufWriter::with_capacity(1 << 16, File::create(&out_path).map_err(WriteFailed)?);
-        let mut stats = CleanStats {
-            segments_in: (stop - first) as u64,
-            ..CleanStats::default()
-        };
-        let mut last: Option<CommitInfo> = None;
-        let mut header = Vec::new();
-        let h = Header {
-            end,
-            deletes_below,
-            clean_to,
-        };
-        super::frame::encode(&mut header, KIND_CLEANED, *base, &[&encode_header(h)]);
-        out.write_all(&header).map_err(WriteFailed)?;
-        let mut len = header.len() as u64;
-        let mut kept_since_commit = 0u64;
-        // Offsets must increase through a cleaned segment.
-        let mut previous: Option<u64> = None;
-        for segment in first..stop {
-            let path = &self.plan.segments[segment].1;
-            stats.bytes_in += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            let mut frames = open_frames(path)?;
-            // Commit frames are kept only after data: the covered range's
-            // last one always (it is written after the loop if it was skipped).
-            let mut pending_commit: Option<OwnedFrame> = None;
-            while let Some(frame) = frames.next_frame()? {
-                if cancel.load(Ordering::Relaxed) {
-                    drop(out);
-                    let _ = file::remove_file(&out_path);
-                    return Ok(Written::Cancelled);
-                }
-                let keep = match frame.kind {
-                    KIND_DATA => {
-                        stats.records_in += 1;
-                        let (op, key) = data_key(&frame.payload, path)?;
-                        let at = index::position(segment, frame.pos);
-                        match self.index.verdict(at, frame.offset, key, &mut self.keys)? {
-                            Verdict::Superseded => false,
-                            Verdict::Latest if op == OP_DELETE && frame.offset < deletes_below => {
-                                stats.deletes_dropped += 1;
-                                false
-                            }
-                            Verdict::Collided if frame.offset < clean_to => {
-                                drop(out);
-                                let _ = file::remove_file(&out_path);
-                                return Ok(Written::Collided(frame.offset));
-                            }
-                            Verdict::Latest | Verdict::Unindexed | Verdict::Collided => true,
-                        }
-                    }
-                    KIND_COMMIT => {
-                        let (position, check) = super::frame::decode_commit(&frame.payload)
-                            .context("commit frame payload is not 8 or 12 bytes")?;
-                        last = Some(CommitInfo {
-                            offset: frame.offset + 1,
-                            input_position: position,
-                            input_check: check,
-                        });
-                        if kept_since_commit >= COMMIT_EVERY {
-                            kept_since_commit = 0;
-                            pending_commit = None;
-                            true
-                        } else {
-                            pending_commit = Some(frame);
-                            continue;
-                        }
-                    }
-                    // A header: the input's own, replaced by ours.
-                    _ => false,
-                };
-                if keep {
-                    if previous.is_some_and(|p| frame.offset <= p) {
-                        bail!(
-                            "changelog offsets go back at {} in {}: not cleaned",
-                            frame.offset,
-                            path.display()
-                        );
-                    }
-                    previous = Some(frame.offset);
-                    if frame.kind == KIND_DATA {
-                        stats.records_kept += 1;
-                        kept_since_commit += 1;
-                    } else {
-                        stats.commits_kept += 1;
-                    }
-                    out.write_all(&frame.bytes).map_err(WriteFailed)?;
-                    len += frame.bytes.len() as u64;
-                }
-            }
-            if segment + 1 == stop {
-                if let Some(frame) = pending_commit.take() {
-                    stats.commits_kept += 1;
-                    out.write_all(&frame.bytes).map_err(WriteFailed)?;
-                    len += frame.bytes.len() as u64;
-                }
-            }
-        }
-        let last = last.context("the segments to clean hold no commit")?;
-        if last.offset != end {
-            bail!(
-                "the segments to clean end at offset {} but the next segment starts at {end}: not cleaned",
-                last.offset
-            );
-        }
-        let file = out.into_inner().map_err(|e| WriteFailed(e.into_error()))?;
-        file.sync_all().map_err(WriteFailed)?;
-        stats.bytes_out = len;
-        stats.records_dropped = stats.records_in - stats.records_kept;
-        Ok(Written::Built(Built {
-            file: out_path,
-            covers: stop - first,
-            base: *base,
-            deletes_below,
-            clean_to,
-            last,
-            len,
-            stats,
-        }))
-    }
-
-    /// [`Pass::write_group`], again with a lower clean point after a
-    /// collision (each retry lowers it, so this ends).
-    fn build_group(&mut self, first: usize, stop: usize, cancel: &AtomicBool) -> Result<Written> {
-        loop {
-            match self.write_group(first, stop, cancel)? {
-                Written::Collided(at) => self.clean_to = at,
-                done => return Ok(done),
-            }
-        }
-    }
-}
-
-/// Builds one `.clean` file for every segment a pass over `plan` rewrites,
-/// without installing it (tests).
-#[cfg(test)]
-pub fn build(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Built>> {
-    let Some(mut pass) = Pass::new(plan, cancel)? else {
-        return Ok(None);
-    };
-    match pass.build_group(0, pass.rewrite, cancel)? {
-        Written::Built(b) => Ok(Some(b)),
-        _ => Ok(None),
-    }
 }
 
 /// One group a clean put in place: `covers` segments from `base` replaced
