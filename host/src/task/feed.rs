@@ -35,56 +35,11 @@ pub(crate) fn feed_until(
     progress: bool,
     stop: Option<&AtomicBool>,
 ) -> Result<bool> {
-    let file = std::fs::File::open(input)
-        .with_context(|| format!("cannot open input {}", input.display()))?;
-    let total = file.metadata()?.len();
+    let (mut reader, total, mut check) = open_checked(task, input)?;
     let mut position = task.input_position();
-    if position > total {
-        anyhow::bail!(
-            "input {} has {total} bytes but the changelog says {position} were already processed: wrong input file?",
-            input.display()
-        );
-    }
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    // The input consumed so far must be the one the store consumed: a
-    // different file of sufficient length would otherwise resume mid-way.
-    let mut check = 0u32;
-    let mut left = position;
-    let mut buf = vec![0u8; 1 << 20];
-    while left > 0 {
-        let n = reader.read(&mut buf[..left.min(1 << 20) as usize])?;
-        anyhow::ensure!(n > 0, "input {} shrank while it was read", input.display());
-        check = crc32c::crc32c_append(check, &buf[..n]);
-        left -= n as u64;
-    }
-    if let Some(committed) = task.committed_input_check() {
-        if committed != check {
-            anyhow::bail!(
-                "input {} is not the input this store consumed: its first {position} bytes differ from what was \
-                 committed (crc32c {check:08x}, committed {committed:08x}); give the same file (it may have grown), \
-                 or use a new state_dir for new input",
-                input.display()
-            );
-        }
-    }
-    // A bar for a person at a terminal; a plain line every
-    // PROGRESS_EVERY for a log (CI, a service's journal, `| tee`).
-    use std::io::IsTerminal as _;
-    let terminal = std::io::stderr().is_terminal();
-    let bar = if progress && terminal {
-        indicatif::ProgressBar::new(total).with_position(position)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let mut log = PlainProgress::new(progress && !terminal, position, total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap(),
-    );
+    let (bar, mut log) = progress_meters(progress, position, total);
     let mut line = Vec::new();
-    let (mut warned_crlf, mut warned_utf8) = (false, false);
+    let mut warnings = Warnings::default();
     let mut stopped = false;
     loop {
         if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -109,21 +64,7 @@ pub(crate) fn feed_until(
         position += n as u64;
         check = crc32c::crc32c_append(check, &line);
         task.set_next_input_check(check);
-        if !warned_crlf && record.ends_with(b"\r") {
-            warned_crlf = true;
-            tracing::warn!(
-                "input {} has CRLF line ends (first at byte {}): the \\r stays part of each record",
-                input.display(),
-                position - 1
-            );
-        }
-        if !warned_utf8 && std::str::from_utf8(record).is_err() {
-            warned_utf8 = true;
-            tracing::warn!(
-                "input {} is not valid UTF-8 (first in the line ending at byte {position}): records are taken as bytes",
-                input.display()
-            );
-        }
+        warnings.look(input, record, position);
         task.process_line(record, position)?;
         task.stats.input_bytes += n as u64;
         if task.stats.records % QUERY_POLL_RECORDS == 0 {
@@ -138,6 +79,99 @@ pub(crate) fn feed_until(
     }
     bar.finish_and_clear();
     Ok(stopped)
+}
+
+/// The input opened at the task's position, with its length and the
+/// checksum of what came before. The input consumed so far must be the one
+/// the store consumed: a different file of sufficient length would
+/// otherwise resume mid-way.
+fn open_checked(task: &Task, input: &Path) -> Result<(BufReader<std::fs::File>, u64, u32)> {
+    let file = std::fs::File::open(input)
+        .with_context(|| format!("cannot open input {}", input.display()))?;
+    let total = file.metadata()?.len();
+    let position = task.input_position();
+    if position > total {
+        anyhow::bail!(
+            "input {} has {total} bytes but the changelog says {position} were already processed: wrong input file?",
+            input.display()
+        );
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut check = 0u32;
+    let mut left = position;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = reader.read(&mut buf[..left.min(1 << 20) as usize])?;
+        anyhow::ensure!(n > 0, "input {} shrank while it was read", input.display());
+        check = crc32c::crc32c_append(check, &buf[..n]);
+        left -= n as u64;
+    }
+    if let Some(committed) = task.committed_input_check() {
+        if committed != check {
+            anyhow::bail!(
+                "input {} is not the input this store consumed: its first {position} bytes differ from what was \
+                 committed (crc32c {check:08x}, committed {committed:08x}); give the same file (it may have grown), \
+                 or use a new state_dir for new input",
+                input.display()
+            );
+        }
+    }
+    Ok((reader, total, check))
+}
+
+/// A bar for a person at a terminal; a plain line every PROGRESS_EVERY for
+/// a log (CI, a service's journal, `| tee`).
+fn progress_meters(
+    progress: bool,
+    position: u64,
+    total: u64,
+) -> (indicatif::ProgressBar, PlainProgress) {
+    use std::io::IsTerminal as _;
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if progress && terminal {
+        indicatif::ProgressBar::new(total).with_position(position)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap(),
+    );
+    (
+        bar,
+        PlainProgress::new(progress && !terminal, position, total),
+    )
+}
+
+/// What an input's records may hold that is worth one warning, not one per
+/// record.
+#[derive(Default)]
+struct Warnings {
+    crlf: bool,
+    utf8: bool,
+}
+
+impl Warnings {
+    /// `record` ends at input byte `end`.
+    fn look(&mut self, input: &Path, record: &[u8], end: u64) {
+        if !self.crlf && record.ends_with(b"\r") {
+            self.crlf = true;
+            tracing::warn!(
+                "input {} has CRLF line ends (first at byte {}): the \\r stays part of each record",
+                input.display(),
+                end - 1
+            );
+        }
+        if !self.utf8 && std::str::from_utf8(record).is_err() {
+            self.utf8 = true;
+            tracing::warn!(
+                "input {} is not valid UTF-8 (first in the line ending at byte {end}): records are taken as bytes",
+                input.display()
+            );
+        }
+    }
 }
 
 /// How often a run that is not on a terminal says where it is
