@@ -175,47 +175,8 @@ pub fn classes(steps: &[Step]) -> BTreeSet<(&'static str, &'static str)> {
         };
         match step {
             Step::Write(records, shape) => {
-                let mut c = Vec::new();
-                for r in records {
-                    key_classes(r.key(), &mut c);
-                    c.push(presence(&live, r.key()));
-                    if let Record::Put(_, v) = r {
-                        if v.is_empty() {
-                            c.push("empty value");
-                        }
-                        if v.len() > 64 << 10 {
-                            c.push("value over 64 KiB");
-                        }
-                    }
-                }
-                let keys: BTreeSet<&[u8]> = records.iter().map(Record::key).collect();
-                match shape {
-                    Shape::Single => {
-                        for r in records {
-                            let f = match r {
-                                Record::Put(..) => "put",
-                                Record::Delete(_) => "delete",
-                            };
-                            add(f, &c);
-                        }
-                    }
-                    Shape::Batched => {
-                        if keys.len() < records.len() {
-                            c.push("a key twice");
-                        }
-                        if records.len() >= 1000 {
-                            c.push("1,000+ entries");
-                        }
-                        for f in ["put-many", "delete-many"] {
-                            let wanted = f == "put-many";
-                            if records
-                                .iter()
-                                .any(|r| matches!(r, Record::Put(..)) == wanted)
-                            {
-                                add(f, &c);
-                            }
-                        }
-                    }
+                for (f, c) in write_classes(records, *shape, &live) {
+                    add(f, &c);
                 }
                 pending += records.len();
                 workload::apply(&mut live, records);
@@ -249,24 +210,10 @@ pub fn classes(steps: &[Step]) -> BTreeSet<(&'static str, &'static str)> {
                 }
                 add("get-many", &c);
             }
-            Step::Range(start, end, iso, page) => {
-                let mut c = vec![iso_class(*iso)];
-                match page {
-                    1 => c.push("limit 1"),
-                    &u32::MAX => c.push("limit 2^32-1"),
-                    _ => c.push("limit 2 to 1024"),
-                }
-                if start.is_none() {
-                    c.push("open start");
-                }
-                if end.is_none() {
-                    c.push("open end");
-                }
-                if start.is_some() && start == end {
-                    c.push("start = end");
-                }
-                add("range", &c);
-            }
+            Step::Range(start, end, iso, page) => add(
+                "range",
+                &range_classes(start.as_deref(), end.as_deref(), *iso, *page),
+            ),
             Step::Empty => {
                 add("put-many", &["empty list"]);
                 add("delete-many", &["empty list"]);
@@ -276,6 +223,76 @@ pub fn classes(steps: &[Step]) -> BTreeSet<(&'static str, &'static str)> {
         }
     }
     out
+}
+
+/// The calls one record's writes make, each with the classes of its
+/// arguments (against `live`, the store before them).
+fn write_classes(
+    records: &[Record],
+    shape: Shape,
+    live: &Model,
+) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut c = Vec::new();
+    for r in records {
+        key_classes(r.key(), &mut c);
+        c.push(presence(live, r.key()));
+        if let Record::Put(_, v) = r {
+            if v.is_empty() {
+                c.push("empty value");
+            }
+            if v.len() > 64 << 10 {
+                c.push("value over 64 KiB");
+            }
+        }
+    }
+    let is_put = |r: &Record| matches!(r, Record::Put(..));
+    match shape {
+        Shape::Single => records
+            .iter()
+            .map(|r| (if is_put(r) { "put" } else { "delete" }, c.clone()))
+            .collect(),
+        Shape::Batched => {
+            let keys: BTreeSet<&[u8]> = records.iter().map(Record::key).collect();
+            if keys.len() < records.len() {
+                c.push("a key twice");
+            }
+            if records.len() >= 1000 {
+                c.push("1,000+ entries");
+            }
+            let mut calls = Vec::new();
+            if records.iter().any(is_put) {
+                calls.push(("put-many", c.clone()));
+            }
+            if records.iter().any(|r| !is_put(r)) {
+                calls.push(("delete-many", c));
+            }
+            calls
+        }
+    }
+}
+
+fn range_classes(
+    start: Option<&[u8]>,
+    end: Option<&[u8]>,
+    iso: Isolation,
+    page: u32,
+) -> Vec<&'static str> {
+    let mut c = vec![iso_class(iso)];
+    c.push(match page {
+        1 => "limit 1",
+        u32::MAX => "limit 2^32-1",
+        _ => "limit 2 to 1024",
+    });
+    if start.is_none() {
+        c.push("open start");
+    }
+    if end.is_none() {
+        c.push("open end");
+    }
+    if start.is_some() && start == end {
+        c.push("start = end");
+    }
+    c
 }
 
 #[cfg(test)]
