@@ -217,6 +217,78 @@ fn resync(buf: &[u8], from: usize) -> Option<usize> {
         .find(|&p| buf[p..p + 4] == magic && decode(buf, p).is_some())
 }
 
+/// The segment files of `dir` (base offset and path, in order) and the
+/// `.clean` files an interrupted clean left.
+fn list_segments(dir: &Path) -> Result<(Vec<(u64, PathBuf)>, Vec<PathBuf>)> {
+    let mut segments = Vec::new();
+    let mut leftovers = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if let Some(base) = name
+            .strip_suffix(".log")
+            .and_then(|b| b.parse::<u64>().ok())
+        {
+            segments.push((base, path));
+        } else if name.ends_with(".log.clean") {
+            leftovers.push(path);
+        }
+    }
+    segments.sort();
+    Ok((segments, leftovers))
+}
+
+/// What checking the segments at open found.
+struct Checked {
+    /// The last commit.
+    last: Option<CommitInfo>,
+    /// Where the committed data of the last segment ends.
+    committed_len: u64,
+    /// Sealed segments trusted by their seal, not yet scanned.
+    unverified: Vec<usize>,
+}
+
+/// Checks that each segment follows the one before; scans the tail (cut
+/// after its last commit) and any old segment without a seal (sealed now).
+fn check_segments(segments: &[(u64, PathBuf)], report: &mut OpenReport) -> Result<Checked> {
+    let mut checked = Checked {
+        last: None,
+        committed_len: 0,
+        unverified: Vec::new(),
+    };
+    for (i, (base, path)) in segments.iter().enumerate() {
+        let tail = i + 1 == segments.len();
+        check_follows(path, *base, checked.last)?;
+        if !tail {
+            if let Some(sealed) = read_seal(path) {
+                checked.last = Some(sealed);
+                checked.unverified.push(i);
+                continue;
+            }
+        }
+        let found = scan(path, *base, tail, &mut report.damage)?;
+        checked.last = found.last.or(checked.last);
+        if tail {
+            let dropped = found.len - found.good_end;
+            if dropped > 0 {
+                tracing::warn!(
+                    "changelog: truncated {dropped} bytes after the last commit in {} (byte {} onwards: a torn \
+                     write or a transaction left open by a crash)",
+                    path.display(),
+                    found.good_end
+                );
+                File::open_write(path)?.set_len(found.good_end as u64)?;
+                report.truncated_bytes = dropped as u64;
+            }
+            checked.committed_len = found.good_end as u64;
+        } else if let Some(l) = found.last {
+            // An old segment without a (valid) seal: seal it now.
+            write_seal(path, found.len as u64, l)?;
+        }
+    }
+    Ok(checked)
+}
+
 impl EmbeddedLog {
     /// Opens (creating) the log in `dir`, checking and repairing as the
     /// module documentation says.
@@ -224,23 +296,7 @@ impl EmbeddedLog {
         file::create_dir_all(dir)
             .with_context(|| format!("cannot create changelog directory {}", dir.display()))?;
         let lock = crate::file::lock_dir(dir, "changelog directory")?;
-        let mut segments = Vec::new();
-        let mut leftovers = Vec::new();
-        for entry in
-            std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
-        {
-            let path = entry?.path();
-            let name = path.file_name().unwrap().to_string_lossy().to_string();
-            if let Some(base) = name
-                .strip_suffix(".log")
-                .and_then(|b| b.parse::<u64>().ok())
-            {
-                segments.push((base, path));
-            } else if name.ends_with(".log.clean") {
-                leftovers.push(path);
-            }
-        }
-        segments.sort();
+        let (mut segments, leftovers) = list_segments(dir)?;
         // A clean a crash interrupted before its commit point (the rename)
         // is dropped; one interrupted after it is finished.
         for path in &leftovers {
@@ -255,48 +311,10 @@ impl EmbeddedLog {
                 leftovers.len()
             );
         }
-
         let mut report = OpenReport::default();
-        let mut last = None;
-        // Where the committed data of the last segment ends.
-        let mut committed_len = 0u64;
-        let count = segments.len();
-        let mut unverified = Vec::new();
-        for (i, (_, path)) in segments.iter().enumerate() {
-            let tail = i + 1 == count;
-            if !tail {
-                if let Some(sealed) = read_seal(path) {
-                    let base = segments[i].0;
-                    check_follows(path, base, last)?;
-                    last = Some(sealed);
-                    unverified.push(i);
-                    continue;
-                }
-            }
-            let base = segments[i].0;
-            check_follows(path, base, last)?;
-            let found = scan(path, base, tail, &mut report.damage)?;
-            last = found.last.or(last);
-            if tail {
-                let dropped = found.len - found.good_end;
-                if dropped > 0 {
-                    tracing::warn!(
-                        "changelog: truncated {dropped} bytes after the last commit in {} (byte {} onwards: a torn \
-                         write or a transaction left open by a crash)",
-                        path.display(),
-                        found.good_end
-                    );
-                    File::open_write(path)?.set_len(found.good_end as u64)?;
-                    report.truncated_bytes = dropped as u64;
-                }
-                committed_len = found.good_end as u64;
-            } else if let Some(l) = found.last {
-                // An old segment without a (valid) seal: seal it now.
-                write_seal(path, found.len as u64, l)?;
-            }
-        }
+        let checked = check_segments(&segments, &mut report)?;
         // Offsets of a truncated open transaction are reused.
-        let next_offset = last.map_or(0, |c: CommitInfo| c.offset);
+        let next_offset = checked.last.map_or(0, |c: CommitInfo| c.offset);
         if segments.is_empty() {
             segments.push((0, segment_path(dir, 0)));
         }
@@ -314,12 +332,12 @@ impl EmbeddedLog {
             segment_bytes,
             segments,
             writer: BufWriter::with_capacity(1 << 16, file),
-            committed_len,
-            written_len: committed_len,
+            committed_len: checked.committed_len,
+            written_len: checked.committed_len,
             next_offset,
-            last,
+            last: checked.last,
             report,
-            unverified,
+            unverified: checked.unverified,
             failed: None,
             _lock: lock,
             cleaning: Cleaning::new(deletes_kept_from, cleaned),
