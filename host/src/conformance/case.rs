@@ -88,7 +88,6 @@ fn spawn(
     at: Option<&str>,
     env: Env,
 ) -> Result<Outcome> {
-    let kafka = env.kafka;
     let exe = std::env::current_exe().context("cannot find the txstore executable")?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -113,13 +112,19 @@ fn spawn(
     if let Some(spec) = env.io_error {
         cmd.env(crate::fault::ENV, spec).arg("--expect-errors");
     }
-    if let Some(k) = kafka {
+    if let Some(k) = env.kafka {
         cmd.args(["--kafka", &k.bootstrap, "--topic", &k.topic]);
     }
     if let Some(p) = at {
         cmd.env(crate::crash::ENV, p);
     }
     let out = cmd.output().context("cannot start a conformance child")?;
+    outcome(&out, env.io_error)
+}
+
+/// How a child ended: crashed at its point, stopped on an error, finished
+/// with its summary, or a violation it (or its end) shows.
+fn outcome(out: &std::process::Output, io_error: Option<&str>) -> Result<Outcome> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.signal() == Some(SIGABRT) {
         let choices = stderr
@@ -141,12 +146,12 @@ fn spawn(
             v["stopped"].as_str().unwrap_or("?").to_string(),
         ));
     }
-    if env.io_error.is_some() && out.status.success() && stderr.contains("txstore: injecting") {
+    if io_error.is_some() && out.status.success() && stderr.contains("txstore: injecting") {
         return Ok(Outcome::Violation {
             property: "an I/O error stops the process".into(),
             detail: format!(
                 "the run went on to a clean finish after the injected {} error",
-                env.io_error.unwrap_or("?")
+                io_error.unwrap_or("?")
             ),
         });
     }

@@ -298,30 +298,8 @@ pub fn generate(seed: u64, len: usize) -> Vec<Step> {
             if len >= 10 && i < PROLOGUE {
                 return prologue(&mut rng, i, &mut written);
             }
-            // The heavy record comes right after a small write, so that it
-            // meets a guest holding something: the one case where a refusal
-            // is allowed and a retry after the commit must be accepted.
-            let heavy_at = len / 3;
-            if len >= 60 && i + 1 == heavy_at {
-                return Step::Write(
-                    vec![Record::Put(b"k00".to_vec(), value(&mut rng, i))],
-                    Shape::Batched,
-                );
-            }
-            if len >= 60 && i == heavy_at {
-                let records = big_record(&mut rng, i, true);
-                let bytes: usize = records
-                    .iter()
-                    .map(|r| match r {
-                        Record::Put(k, v) => k.len() + v.len(),
-                        Record::Delete(k) => k.len(),
-                    })
-                    .sum();
-                assert!(
-                    bytes as u64 > HEAVY_MIN_BYTES,
-                    "a heavy record of {bytes} bytes"
-                );
-                return Step::Write(records, Shape::Batched);
+            if let Some(step) = heavy(&mut rng, i, len) {
+                return step;
             }
             if std::mem::take(&mut commit_next) {
                 return Step::Commit;
@@ -346,43 +324,79 @@ pub fn generate(seed: u64, len: usize) -> Vec<Step> {
                 }
                 return Step::Commit;
             }
-            match rng.below(100) {
-                0..=44 => {
-                    let records = record(&mut rng, i, &mut written);
-                    // A delete is often followed by a paged read over it.
-                    if records.iter().any(|r| matches!(r, Record::Delete(_))) && rng.chance(30) {
-                        scan_next = true;
-                    }
-                    // `put` and `delete` for records of one write: a
-                    // record is one call or a run per call, as the task
-                    // makes them (see `uncommitted-limit` in the WIT).
-                    let shape = if records.len() == 1 && rng.chance(60) {
-                        Shape::Single
-                    } else {
-                        Shape::Batched
-                    };
-                    Step::Write(records, shape)
-                }
-                45..=59 => Step::Read(key(&mut rng), isolation(&mut rng)),
-                60..=69 => {
-                    let mut keys: Vec<Vec<u8>> = Vec::new();
-                    for _ in 0..rng.below(13) {
-                        match keys.last() {
-                            Some(k) if rng.chance(20) => keys.push(k.clone()),
-                            _ => keys.push(key(&mut rng)),
-                        }
-                    }
-                    Step::ReadMany(keys, isolation(&mut rng))
-                }
-                70..=96 => {
-                    let (start, end) = bounds(&mut rng);
-                    let page = PAGES[rng.below(PAGES.len() as u64) as usize];
-                    Step::Range(start, end, isolation(&mut rng), page)
-                }
-                _ => Step::Empty,
-            }
+            ordinary(&mut rng, i, &mut written, &mut scan_next)
         })
         .collect()
+}
+
+/// The heavy record (one record of more than HEAVY_MIN_BYTES) a third of
+/// the way in, and the small write just before it.
+fn heavy(rng: &mut Rng, i: usize, len: usize) -> Option<Step> {
+    // The heavy record comes right after a small write, so that it
+    // meets a guest holding something: the one case where a refusal
+    // is allowed and a retry after the commit must be accepted.
+    let heavy_at = len / 3;
+    if len >= 60 && i + 1 == heavy_at {
+        return Some(Step::Write(
+            vec![Record::Put(b"k00".to_vec(), value(rng, i))],
+            Shape::Batched,
+        ));
+    }
+    if len >= 60 && i == heavy_at {
+        let records = big_record(rng, i, true);
+        let bytes: usize = records
+            .iter()
+            .map(|r| match r {
+                Record::Put(k, v) => k.len() + v.len(),
+                Record::Delete(k) => k.len(),
+            })
+            .sum();
+        assert!(
+            bytes as u64 > HEAVY_MIN_BYTES,
+            "a heavy record of {bytes} bytes"
+        );
+        return Some(Step::Write(records, Shape::Batched));
+    }
+    None
+}
+
+/// An ordinary step: a record's writes, or a read of one of three kinds.
+fn ordinary(rng: &mut Rng, i: usize, written: &mut Vec<Vec<u8>>, scan_next: &mut bool) -> Step {
+    match rng.below(100) {
+        0..=44 => {
+            let records = record(rng, i, written);
+            // A delete is often followed by a paged read over it.
+            if records.iter().any(|r| matches!(r, Record::Delete(_))) && rng.chance(30) {
+                *scan_next = true;
+            }
+            // `put` and `delete` for records of one write: a
+            // record is one call or a run per call, as the task
+            // makes them (see `uncommitted-limit` in the WIT).
+            let shape = if records.len() == 1 && rng.chance(60) {
+                Shape::Single
+            } else {
+                Shape::Batched
+            };
+            Step::Write(records, shape)
+        }
+        45..=59 => Step::Read(key(rng), isolation(rng)),
+        60..=69 => {
+            let mut keys: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..rng.below(13) {
+                match keys.last() {
+                    Some(k) if rng.chance(20) => keys.push(k.clone()),
+                    _ => keys.push(key(rng)),
+                }
+            }
+            Step::ReadMany(keys, isolation(rng))
+        }
+        70..=96 => {
+            let (start, end) = bounds(rng);
+            let page = PAGES[rng.below(PAGES.len() as u64) as usize];
+            Step::Range(start, end, isolation(rng), page)
+        }
+        _ => Step::Empty,
+    }
 }
 
 /// The oracle: the store's contents as an ordered map.
