@@ -6,8 +6,8 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use txstore::testing::GuestSource;
-use txstore::{Isolation, Limits, Runtime};
 use txstore::testing::{Backend, MemoryBackend, RocksBackend};
+use txstore::{Isolation, Limits, Runtime};
 
 /// mimalloc rather than glibc's malloc: see the workspace Cargo.toml.
 #[global_allocator]

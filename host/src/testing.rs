@@ -24,4 +24,3 @@ pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
-

@@ -3,11 +3,11 @@
 use crate::common::runtime;
 use std::sync::Arc;
 use txstore::testing::BackendKind;
-use txstore::Config;
-use txstore::testing::{GuestSource, StoreInstance};
-use txstore::{Isolation, Limits};
 use txstore::testing::{Backend, MemoryBackend, RocksBackend};
+use txstore::testing::{GuestSource, StoreInstance};
+use txstore::Config;
 use txstore::Task;
+use txstore::{Isolation, Limits};
 
 const RU: Isolation = Isolation::ReadUncommitted;
 
@@ -149,11 +149,8 @@ fn reopen_after_clean_close_keeps_data() {
         config.store.backend = BackendKind::Rocksdb;
         let (mut task, report) = Task::open(&config, runtime()).unwrap();
         assert_eq!(report.recovered_offset, None);
-        task.write(&[txstore::Record::Put(
-            b"k".to_vec(),
-            b"v".to_vec(),
-        )])
-        .unwrap();
+        task.write(&[txstore::Record::Put(b"k".to_vec(), b"v".to_vec())])
+            .unwrap();
         task.commit().unwrap();
         task.close().unwrap();
         let (mut task, report) = Task::open(&config, runtime()).unwrap();

@@ -9,11 +9,11 @@ use crate::kv::open;
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use txstore::testing::ProcessorSpec;
-use txstore::Config;
 use txstore::testing::copy_dir;
-use txstore::Isolation;
+use txstore::testing::ProcessorSpec;
 use txstore::testing::{Backend, RocksBackend};
+use txstore::Config;
+use txstore::Isolation;
 use txstore::Task;
 
 const RC: Isolation = Isolation::ReadCommitted;

@@ -55,7 +55,6 @@ impl Backend for MemoryBackend {
             health: self.health.clone(),
         }))
     }
-
 }
 
 struct MemoryStore {

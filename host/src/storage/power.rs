@@ -200,7 +200,6 @@ impl Backend for PowerBackend {
             index: shared.stores.len() - 1,
         }))
     }
-
 }
 
 /// One store's storage, logged for [`PowerBackend`].

@@ -181,7 +181,6 @@ impl Backend for RocksBackend {
     fn open_store(&self, store: &str) -> Result<Box<dyn StoreStorage>> {
         Ok(Box::new(self.store(store)?))
     }
-
 }
 
 struct RocksStore {
