@@ -7,8 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use txstore_guest_kit::{
-    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry,
-    Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, RecoveryAction, Slot,
+    bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage,
+    write_calls, write_op, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, Slot,
+    Write,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -50,7 +51,7 @@ impl Pending {
     /// Adds `batch` in order if the result costs at most the limit, or if
     /// nothing is pending (the WIT: an empty store takes any single write);
     /// otherwise adds none of it.
-    fn add(&mut self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+    fn add(&mut self, batch: Vec<Write>) -> Result<(), Error> {
         // The exact cost after the batch, a key repeated in it counted once.
         let mut next = self.bytes;
         let mut batch_cost: HashMap<&[u8], u64> = HashMap::new();
@@ -92,7 +93,7 @@ impl Store {
         Ok(())
     }
 
-    fn buffer(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+    fn buffer(&mut self, writes: Vec<Write>) -> Result<(), Error> {
         self.usable()?;
         self.buffer.add(writes)
     }
@@ -128,14 +129,8 @@ impl Guest for Buffered {
         STORE.with(|s| {
             s.buffer.take();
             s.poisoned = false;
-            let stored = read_u64(&s.meta, OFFSET)?;
-            if checkpointed > stored {
-                return Err(Error::Corrupt(format!(
-                    "the checkpoint says offset {checkpointed:?} but the store committed only {stored:?}"
-                )));
-            }
-            let action = if checkpointed == stored { RecoveryAction::Clean } else { RecoveryAction::Discarded };
-            Ok(Recovery { offset: stored, action })
+            // Nothing uncommitted ever reaches storage: nothing to undo.
+            recovered(checkpointed, read_u64(&s.meta, OFFSET)?, None)
         })
     }
 
@@ -189,35 +184,13 @@ impl Guest for Buffered {
         })
     }
 
-    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.buffer(vec![(key, Some(value))]))
-    }
-
-    fn delete(key: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.buffer(vec![(key, None)]))
-    }
-
-    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| s.buffer(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
-    }
-
-    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
-        STORE.with(|s| s.buffer(keys.into_iter().map(|k| (k, None)).collect()))
-    }
+    write_calls!(STORE, Store::buffer);
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {
             s.usable()?;
             // Move, not copy, the buffer into the batch: memory stays ~1x.
-            let ops: Vec<Op> = s
-                .buffer
-                .take()
-                .into_iter()
-                .map(|(key, v)| match v {
-                    Some(value) => Op::Put(Entry { key, value }),
-                    None => Op::Delete(key),
-                })
-                .collect();
+            let ops: Vec<Op> = s.buffer.take().into_iter().map(write_op).collect();
             let result = storage::write(
                 &[
                     KeyspaceOps { keyspace: &s.data, ops },

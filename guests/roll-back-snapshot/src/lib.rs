@@ -13,8 +13,9 @@
 
 use std::collections::HashSet;
 use txstore_guest_kit::{
-    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, write_bytes, Entry, Error, Guest,
-    Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot,
+    check_options, check_range, export_store, put_u64, read_range, read_u64, recovered, storage, write_bytes,
+    write_calls, write_op, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery,
+    RecoveryAction, Slot, Write,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -40,7 +41,7 @@ struct Store {
 static STORE: Slot<Store> = Slot::new();
 
 impl Store {
-    fn write(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+    fn write(&mut self, writes: Vec<Write>) -> Result<(), Error> {
         self.bytes += write_bytes(&writes);
         self.touched.extend(writes.iter().map(|(k, _)| k.clone()));
         if self.pending.push(writes) {
@@ -55,10 +56,7 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let main_ops = self.pending.take().into_iter().map(|(key, v)| match v {
-            Some(value) => Op::Put(Entry { key, value }),
-            None => Op::Delete(key),
-        });
+        let main_ops = self.pending.take().into_iter().map(write_op);
         let mut batch = vec![KeyspaceOps { keyspace: &self.main, ops: main_ops.collect() }];
         if !self.dirty {
             let marker = Op::Put(Entry { key: DIRTY.to_vec(), value: Vec::new() });
@@ -133,18 +131,7 @@ impl Guest for RollBackSnapshot {
                 storage::create_snapshot(SNAPSHOT)?;
             }
             s.committed = Some(Keyspace::open_snapshot(SNAPSHOT, "main")?);
-            let stored = read_u64(&s.meta, OFFSET)?;
-            if checkpointed > stored {
-                return Err(Error::Corrupt(format!(
-                    "the checkpoint says offset {checkpointed:?} but the store committed only {stored:?}"
-                )));
-            }
-            let action = match (rolled, checkpointed == stored) {
-                (true, _) => RecoveryAction::RolledBack,
-                (false, true) => RecoveryAction::Clean,
-                (false, false) => RecoveryAction::Discarded,
-            };
-            Ok(Recovery { offset: stored, action })
+            recovered(checkpointed, read_u64(&s.meta, OFFSET)?, rolled.then_some(RecoveryAction::RolledBack))
         })
     }
 
@@ -198,21 +185,7 @@ impl Guest for RollBackSnapshot {
         })
     }
 
-    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.write(vec![(key, Some(value))]))
-    }
-
-    fn delete(key: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.write(vec![(key, None)]))
-    }
-
-    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| s.write(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
-    }
-
-    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
-        STORE.with(|s| s.write(keys.into_iter().map(|k| (k, None)).collect()))
-    }
+    write_calls!(STORE, Store::write);
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {

@@ -17,13 +17,14 @@
 
 use std::collections::HashSet;
 use txstore_guest_kit::{
-    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
-    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot, write_bytes,
+    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage, write_bytes,
+    write_calls, write_op, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery,
+    RecoveryAction, Slot, Tagged, Write,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
-const EXISTED: u8 = 1;
-const ABSENT: u8 = 0;
+/// Prior values in `undo`: the layout every earlier version wrote.
+const PRIOR: Tagged = Tagged::First;
 
 struct Store {
     main: Keyspace,
@@ -39,29 +40,12 @@ struct Store {
 
 static STORE: Slot<Store> = Slot::new();
 
-fn encode_prior(prior: Option<Vec<u8>>) -> Vec<u8> {
-    match prior {
-        Some(mut v) => {
-            v.insert(0, EXISTED);
-            v
-        }
-        None => vec![ABSENT],
-    }
-}
-
-fn decode_prior(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
-    match stored.first() {
-        Some(&EXISTED) => {
-            stored.remove(0);
-            Ok(Some(stored))
-        }
-        Some(&ABSENT) if stored.len() == 1 => Ok(None),
-        _ => Err(Error::Corrupt("undo keyspace holds a value without a valid tag".into())),
-    }
+fn decode_prior(stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+    PRIOR.decode(stored, "undo")
 }
 
 impl Store {
-    fn write(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+    fn write(&mut self, writes: Vec<Write>) -> Result<(), Error> {
         self.bytes += write_bytes(&writes);
         if self.pending.push(writes) {
             self.flush()?;
@@ -84,11 +68,8 @@ impl Store {
             }
         }
         let priors = if fresh.is_empty() { Vec::new() } else { self.main.get_many(&fresh)? };
-        let undo_ops = fresh.iter().zip(priors).map(|(k, p)| Op::Put(Entry { key: k.clone(), value: encode_prior(p) }));
-        let main_ops = writes.into_iter().map(|(key, v)| match v {
-            Some(value) => Op::Put(Entry { key, value }),
-            None => Op::Delete(key),
-        });
+        let undo_ops = fresh.iter().zip(priors).map(|(k, p)| Op::Put(Entry { key: k.clone(), value: PRIOR.encode(p) }));
+        let main_ops = writes.into_iter().map(write_op);
         // One atomic batch: a write is never durable without its undo entry.
         storage::write(
             &[
@@ -108,10 +89,7 @@ impl Store {
         loop {
             let mut ops = Vec::with_capacity(1024);
             for e in it.by_ref().take(1024) {
-                ops.push(match decode_prior(e.value)? {
-                    Some(value) => Op::Put(Entry { key: e.key, value }),
-                    None => Op::Delete(e.key),
-                });
+                ops.push(write_op((e.key, decode_prior(e.value)?)));
             }
             if ops.is_empty() {
                 break;
@@ -161,18 +139,7 @@ impl Guest for RollBack {
             if rolled {
                 s.roll_back()?;
             }
-            let stored = read_u64(&s.meta, OFFSET)?;
-            if checkpointed > stored {
-                return Err(Error::Corrupt(format!(
-                    "the checkpoint says offset {checkpointed:?} but the store committed only {stored:?}"
-                )));
-            }
-            let action = match (rolled, checkpointed == stored) {
-                (true, _) => RecoveryAction::RolledBack,
-                (false, true) => RecoveryAction::Clean,
-                (false, false) => RecoveryAction::Discarded,
-            };
-            Ok(Recovery { offset: stored, action })
+            recovered(checkpointed, read_u64(&s.meta, OFFSET)?, rolled.then_some(RecoveryAction::RolledBack))
         })
     }
 
@@ -226,21 +193,7 @@ impl Guest for RollBack {
         })
     }
 
-    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.write(vec![(key, Some(value))]))
-    }
-
-    fn delete(key: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.write(vec![(key, None)]))
-    }
-
-    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| s.write(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
-    }
-
-    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
-        STORE.with(|s| s.write(keys.into_iter().map(|k| (k, None)).collect()))
-    }
+    write_calls!(STORE, Store::write);
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {

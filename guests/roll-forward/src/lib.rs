@@ -1,6 +1,6 @@
 //! `roll-forward`: the KIP-844 two-store design. Uncommitted writes go to
-//! the `temp` keyspace (a tag byte: 1 + value for a put, 0 for a delete).
-//! Commit:
+//! the `temp` keyspace (a put as its value then the byte 1, a delete as the
+//! byte 0). Commit:
 //!   1. write the marker (the offset being committed) to `meta`;
 //!   2. copy `temp` into `main` in batches;
 //!   3. in one synced batch: clear `temp` (one range deletion), record the
@@ -19,14 +19,19 @@
 //! (before any read-uncommitted read and before commit).
 
 use txstore_guest_kit::{
-    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, storage, CursorIter, Entry, Error,
-    Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery, RecoveryAction, Slot, write_bytes,
+    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage, write_bytes,
+    write_calls, write_op, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery,
+    RecoveryAction, Slot, Tagged, Write,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
 const MARKER: &[u8] = b"commit-marker";
-const PUT: u8 = 1;
-const DELETE: u8 = 0;
+/// Staged values in `temp`: the tag after the value, so staging and copying
+/// a value never shifts its bytes.
+const STAGED: Tagged = Tagged::Last;
+/// Ends the marker, after the offset: the `temp` it guards is in the second
+/// layout, `STAGED`. The first (the tag before the value) had the offset alone.
+const STAGED_LAYOUT: u8 = 2;
 
 struct Store {
     main: Keyspace,
@@ -39,29 +44,40 @@ struct Store {
 
 static STORE: Slot<Store> = Slot::new();
 
-fn tagged(value: Option<Vec<u8>>) -> Vec<u8> {
-    match value {
-        Some(mut v) => {
-            v.insert(0, PUT);
-            v
-        }
-        None => vec![DELETE],
-    }
+fn untag(stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+    STAGED.decode(stored, "temp")
 }
 
-fn untag(mut stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
-    match stored.first() {
-        Some(&PUT) => {
-            stored.remove(0);
-            Ok(Some(stored))
+fn marker(offset: u64) -> Op {
+    let mut value = offset.to_be_bytes().to_vec();
+    value.push(STAGED_LAYOUT);
+    Op::Put(Entry { key: MARKER.to_vec(), value })
+}
+
+/// The offset of the commit a marker guards. Refuses a marker of an earlier
+/// version: a copy of its `temp` read in this layout would be silently wrong.
+fn marker_offset(value: &[u8]) -> Result<u64, Error> {
+    if let Some((&STAGED_LAYOUT, offset)) = value.split_last() {
+        if let Ok(offset) = <[u8; 8]>::try_from(offset) {
+            return Ok(u64::from_be_bytes(offset));
         }
-        Some(&DELETE) if stored.len() == 1 => Ok(None),
-        _ => Err(Error::Corrupt("temp keyspace holds a value without a valid tag".into())),
     }
+    Err(Error::Corrupt(match <[u8; 8]>::try_from(value) {
+        Ok(offset) => format!(
+            "roll-forward: the commit of offset {} was interrupted under an earlier roll-forward, which staged values \
+             in `temp` with their tag byte first; this version would misread them. Finish that commit with the txstore \
+             that wrote it (`txstore recover`), then upgrade",
+            u64::from_be_bytes(offset)
+        ),
+        Err(_) => format!(
+            "roll-forward: the commit marker ({} bytes) is not an 8-byte offset followed by the byte {STAGED_LAYOUT}",
+            value.len()
+        ),
+    }))
 }
 
 impl Store {
-    fn stage(&mut self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), Error> {
+    fn stage(&mut self, writes: Vec<Write>) -> Result<(), Error> {
         self.bytes += write_bytes(&writes);
         if self.pending.push(writes) {
             self.flush()?;
@@ -74,7 +90,8 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let ops = self.pending.take().into_iter().map(|(key, v)| Op::Put(Entry { key, value: tagged(v) })).collect();
+        let ops =
+            self.pending.take().into_iter().map(|(key, v)| Op::Put(Entry { key, value: STAGED.encode(v) })).collect();
         storage::write(&[KeyspaceOps { keyspace: &self.temp, ops }], false)
     }
 
@@ -84,10 +101,7 @@ impl Store {
         loop {
             let mut ops = Vec::with_capacity(1024);
             for e in it.by_ref().take(1024) {
-                ops.push(match untag(e.value)? {
-                    Some(value) => Op::Put(Entry { key: e.key, value }),
-                    None => Op::Delete(e.key),
-                });
+                ops.push(write_op((e.key, untag(e.value)?)));
             }
             if ops.is_empty() {
                 break;
@@ -134,24 +148,17 @@ impl Guest for RollForward {
     fn recover(checkpointed: Option<u64>) -> Result<Recovery, Error> {
         STORE.with(|s| {
             s.pending.take();
-            if let Some(marker) = read_u64(&s.meta, MARKER)? {
-                s.finish_commit(marker)?;
-                return Ok(Recovery { offset: Some(marker), action: RecoveryAction::RolledForward });
+            if let Some(marker) = s.meta.get(MARKER)? {
+                let offset = marker_offset(&marker)?;
+                s.finish_commit(offset)?;
+                return Ok(Recovery { offset: Some(offset), action: RecoveryAction::RolledForward });
             }
             let had_temp = !s.temp.is_empty()?;
             if had_temp {
                 storage::write(&[KeyspaceOps { keyspace: &s.temp, ops: vec![Op::Clear] }], true)?;
             }
             s.bytes = 0;
-            let stored = read_u64(&s.meta, OFFSET)?;
-            if checkpointed > stored {
-                return Err(Error::Corrupt(format!(
-                    "the checkpoint says offset {checkpointed:?} but the store committed only {stored:?}"
-                )));
-            }
-            let action =
-                if had_temp || checkpointed != stored { RecoveryAction::Discarded } else { RecoveryAction::Clean };
-            Ok(Recovery { offset: stored, action })
+            recovered(checkpointed, read_u64(&s.meta, OFFSET)?, had_temp.then_some(RecoveryAction::Discarded))
         })
     }
 
@@ -211,21 +218,7 @@ impl Guest for RollForward {
         })
     }
 
-    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.stage(vec![(key, Some(value))]))
-    }
-
-    fn delete(key: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| s.stage(vec![(key, None)]))
-    }
-
-    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| s.stage(entries.into_iter().map(|e| (e.key, Some(e.value))).collect()))
-    }
-
-    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
-        STORE.with(|s| s.stage(keys.into_iter().map(|k| (k, None)).collect()))
-    }
+    write_calls!(STORE, Store::stage);
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {
@@ -235,7 +228,7 @@ impl Guest for RollForward {
                 let ops = vec![put_u64(OFFSET, offset)];
                 return storage::write(&[KeyspaceOps { keyspace: &s.meta, ops }], true);
             }
-            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![put_u64(MARKER, offset)] }], false)?;
+            storage::write(&[KeyspaceOps { keyspace: &s.meta, ops: vec![marker(offset)] }], false)?;
             s.finish_commit(offset)
         })
     }
@@ -250,3 +243,36 @@ impl Guest for RollForward {
 }
 
 export_store!(RollForward);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_holds_its_offset_and_the_layout_of_temp() {
+        for offset in [0, 1, 0x0102_0304_0506_0708, u64::MAX] {
+            let Op::Put(Entry { key, value }) = marker(offset) else { panic!("not a put") };
+            assert_eq!(key, MARKER);
+            assert_eq!(value.len(), 9);
+            assert_eq!(marker_offset(&value).unwrap(), offset);
+        }
+    }
+
+    #[test]
+    fn a_marker_of_an_earlier_version_is_refused() {
+        // 8 bytes, the offset alone, whatever its last byte.
+        for offset in [7u64, 2, 0x0102] {
+            let err = marker_offset(&offset.to_be_bytes()).unwrap_err();
+            let expected = format!("the commit of offset {offset} was interrupted under an earlier roll-forward");
+            assert!(matches!(&err, Error::Corrupt(m) if m.contains(&expected)), "{err:?}");
+        }
+        for value in [vec![], vec![STAGED_LAYOUT], vec![0; 9], [&[0u8; 9][..], &[STAGED_LAYOUT]].concat()] {
+            let err = marker_offset(&value).unwrap_err();
+            let expected = format!(
+                "roll-forward: the commit marker ({} bytes) is not an 8-byte offset followed by the byte 2",
+                value.len()
+            );
+            assert!(matches!(&err, Error::Corrupt(m) if *m == expected), "{value:?}: {err:?}");
+        }
+    }
+}

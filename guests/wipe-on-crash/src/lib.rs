@@ -7,8 +7,8 @@
 //! whole changelog. This is what Kafka Streams does today under exactly-once.
 
 use txstore_guest_kit::{
-    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, Entry, Error, Guest, Isolation,
-    Keyspace, KeyspaceOps, Level, Op, Recovery, RecoveryAction, Slot,
+    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, write_bytes, write_calls,
+    write_op, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Level, Op, Recovery, RecoveryAction, Slot, Write,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -20,6 +20,16 @@ struct Store {
 }
 
 static STORE: Slot<Store> = Slot::new();
+
+impl Store {
+    fn write(&mut self, writes: Vec<Write>) -> Result<(), Error> {
+        let bytes = write_bytes(&writes);
+        let ops = writes.into_iter().map(write_op).collect();
+        storage::write(&[KeyspaceOps { keyspace: &self.data, ops }], false)?;
+        self.uncommitted_bytes += bytes;
+        Ok(())
+    }
+}
 
 struct WipeOnCrash;
 
@@ -71,41 +81,7 @@ impl Guest for WipeOnCrash {
         STORE.with(|s| read_range(&s.data, start.as_deref(), end.as_deref(), limit))
     }
 
-    fn put(key: Vec<u8>, value: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| {
-            s.data.put(&key, &value)?;
-            s.uncommitted_bytes += (key.len() + value.len()) as u64;
-            Ok(())
-        })
-    }
-
-    fn delete(key: Vec<u8>) -> Result<(), Error> {
-        STORE.with(|s| {
-            s.data.delete(&key)?;
-            s.uncommitted_bytes += key.len() as u64;
-            Ok(())
-        })
-    }
-
-    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        STORE.with(|s| {
-            let bytes: u64 = entries.iter().map(|e| (e.key.len() + e.value.len()) as u64).sum();
-            let ops = entries.into_iter().map(Op::Put).collect();
-            storage::write(&[KeyspaceOps { keyspace: &s.data, ops }], false)?;
-            s.uncommitted_bytes += bytes;
-            Ok(())
-        })
-    }
-
-    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
-        STORE.with(|s| {
-            let bytes: u64 = keys.iter().map(|k| k.len() as u64).sum();
-            let ops = keys.into_iter().map(Op::Delete).collect();
-            storage::write(&[KeyspaceOps { keyspace: &s.data, ops }], false)?;
-            s.uncommitted_bytes += bytes;
-            Ok(())
-        })
-    }
+    write_calls!(STORE, Store::write);
 
     fn commit(offset: u64) -> Result<(), Error> {
         STORE.with(|s| {
