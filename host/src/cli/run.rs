@@ -75,21 +75,47 @@ pub(super) fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> 
         );
     }
     stats.add(&done);
-    let secs = started.elapsed().as_secs_f64();
-    if json {
-        let (commit_calls, recover_calls) = crash::call_counts();
-        let calls = serde_json::json!({"commit": commit_calls, "recover": recover_calls});
-        println!(
-            "{}",
-            serde_json::json!({"recovery": first_report, "stats": stats, "seconds": secs, "storage_calls": calls,
-                "guest_peak_memory_bytes": peak_memory, "restarts": restarts, "stopped_on_signal": stopped})
-        );
-    } else {
+    let run = Finished {
+        report: first_report,
+        stats,
+        seconds: started.elapsed().as_secs_f64(),
+        peak_memory,
+        restarts,
+        stopped,
+    };
+    run.print(json);
+    Ok(())
+}
+
+/// What a file run did, for its last line (or JSON).
+struct Finished {
+    report: RecoveryReport,
+    stats: TaskStats,
+    seconds: f64,
+    peak_memory: u64,
+    restarts: u32,
+    stopped: bool,
+}
+
+impl Finished {
+    fn print(&self, json: bool) {
+        let (stats, restarts) = (&self.stats, self.restarts);
+        if json {
+            let (commit_calls, recover_calls) = crash::call_counts();
+            let calls = serde_json::json!({"commit": commit_calls, "recover": recover_calls});
+            println!(
+                "{}",
+                serde_json::json!({"recovery": self.report, "stats": stats, "seconds": self.seconds,
+                    "storage_calls": calls, "guest_peak_memory_bytes": self.peak_memory, "restarts": restarts,
+                    "stopped_on_signal": self.stopped})
+            );
+            return;
+        }
         println!(
             "processed {} records ({} bytes) in {:.2} s: {} writes, {} commits ({} early){}",
             stats.records,
             stats.input_bytes,
-            secs,
+            self.seconds,
             stats.writes,
             stats.commits,
             stats.early_commits,
@@ -100,7 +126,6 @@ pub(super) fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> 
             }
         );
     }
-    Ok(())
 }
 
 /// A Kafka input: one task per assigned partition, until SIGTERM or

@@ -112,6 +112,34 @@ fn remove_dir(dir: &Path) -> Result<()> {
     crate::file::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))
 }
 
+/// Whether the store in `state_dir` is kept by `to` already: a migration
+/// a crash interrupted after its commit point is finished here first (a
+/// power simulation's journal attached before, so that it sees the
+/// settling). Refuses a directory without a store.
+fn settled_to(state_dir: &Path, to: &str) -> Result<bool> {
+    let no_store = || {
+        anyhow::anyhow!(
+            "no store in {} to migrate (store.state_dir of the config)",
+            state_dir.display()
+        )
+    };
+    if !state_dir.is_dir() {
+        return Err(no_store());
+    }
+    crate::file::attach(state_dir);
+    {
+        let _lock = crate::file::lock_dir(state_dir, "state directory")?;
+        settle(state_dir)?;
+        if manifest::read(state_dir)?.is_some_and(|m| m.guest == to) {
+            return Ok(true);
+        }
+    }
+    if !state_dir.join("store").exists() {
+        return Err(no_store());
+    }
+    Ok(false)
+}
+
 /// Moves the store `config` names to guest `to` (a built-in name or a
 /// `.wasm` path, relative to the current directory), whose `init` gets
 /// `options`. `None`: the store already belonged to `to` (a migration
@@ -139,28 +167,8 @@ pub fn migrate(
         );
     }
 
-    if !state_dir.is_dir() {
-        bail!(
-            "no store in {} to migrate (store.state_dir of the config)",
-            state_dir.display()
-        );
-    }
-    // A migration a crash interrupted after its commit point is finished
-    // here; if it was this one, there is nothing left to do. (A power
-    // simulation's journal first, so that it sees the settling.)
-    crate::file::attach(&state_dir);
-    {
-        let _lock = crate::file::lock_dir(&state_dir, "state directory")?;
-        settle(&state_dir)?;
-        if manifest::read(&state_dir)?.is_some_and(|m| m.guest == to_name) {
-            return Ok(None);
-        }
-    }
-    if !state_dir.join("store").exists() {
-        bail!(
-            "no store in {} to migrate (store.state_dir of the config)",
-            state_dir.display()
-        );
+    if settled_to(&state_dir, &to_name)? {
+        return Ok(None);
     }
 
     // The old guest recovers the store exactly as a run would (replaying

@@ -199,6 +199,19 @@ fn remove_undurable(
     removed
 }
 
+/// Each tracked file's current content by file id, before anything moves.
+fn current_contents(j: &Journal, root: &Path) -> BTreeMap<u64, Vec<u8>> {
+    let mut current = BTreeMap::new();
+    for (rel, node) in &j.state.live {
+        if let Node::File(id) = node {
+            if let Ok(bytes) = std::fs::read(root.join(rel)) {
+                current.insert(*id, bytes);
+            }
+        }
+    }
+    current
+}
+
 /// Rolls the tracked state back as a power cut would (see the module
 /// documentation) and starts a fresh journal from the result. Does nothing
 /// outside a power simulation.
@@ -224,15 +237,7 @@ pub fn power_loss(seed: Option<u64>) -> PowerReport {
             choices: 0,
         };
     }
-    // Current content by file id, before anything moves.
-    let mut current: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-    for (rel, node) in &j.state.live {
-        if let Node::File(id) = node {
-            if let Ok(bytes) = std::fs::read(root.join(rel)) {
-                current.insert(*id, bytes);
-            }
-        }
-    }
+    let current = current_contents(j, &root);
     // Renames the hardware may have kept: a prefix, none without a seed.
     let mut choices = 0u64;
     let mut durable = j.state.durable.clone();
