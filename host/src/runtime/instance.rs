@@ -4,21 +4,77 @@
 //! discard it and instantiate a new one.
 
 use super::bindings::exports::txstore::store::state_store as export;
-use super::bindings::txstore::store::types::Entry;
 use super::host::GuestState;
 use super::limiter::{GuestLimiter, MemoryLimitExceeded};
 use super::{bindings, GuestComponent, Limits};
 use crate::crash::Phase;
 use crate::storage::StoreStorage;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
+use wasmtime::component::{ComponentType, Func, Instance, Lower, TypedFunc};
 use wasmtime::Store;
 
 /// Entries per `range` call when the host pages through a range.
 pub const RANGE_PAGE: usize = 1024;
 
-pub use bindings::txstore::store::types::Entry as WitEntry;
 pub use bindings::txstore::store::types::Error as WitError;
 pub use export::{Isolation, Recovery, RecoveryAction};
+
+/// An entry of `put-many` borrowed from the caller's records: the one copy
+/// of its bytes is the one into guest memory.
+#[derive(ComponentType, Lower, Clone, Copy, Debug)]
+#[component(record)]
+pub struct EntryRef<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+type PutManyRef<'a> = TypedFunc<(&'a [EntryRef<'a>],), (Result<(), WitError>,)>;
+type DeleteManyRef<'a> = TypedFunc<(&'a [&'a [u8]],), (Result<(), WitError>,)>;
+type PutRef<'a> = TypedFunc<(&'a [u8], &'a [u8]), (Result<(), WitError>,)>;
+type DeleteRef<'a> = TypedFunc<(&'a [u8],), (Result<(), WitError>,)>;
+
+/// The four write calls typed for borrowed arguments (the bindings
+/// take owned ones, which would cost the caller a copy of every key and
+/// value), each checked against its signature once, at instantiation.
+struct BorrowedCalls {
+    put: Func,
+    delete: Func,
+    put_many: Func,
+    delete_many: Func,
+}
+
+impl BorrowedCalls {
+    fn new(instance: &Instance, store: &mut Store<GuestState>) -> Result<Self> {
+        let put = export_func(instance, store, "put")?;
+        put.typed::<(&[u8], &[u8]), (Result<(), WitError>,)>(&*store)?;
+        let delete = export_func(instance, store, "delete")?;
+        delete.typed::<(&[u8],), (Result<(), WitError>,)>(&*store)?;
+        let put_many = export_func(instance, store, "put-many")?;
+        put_many.typed::<(&[EntryRef],), (Result<(), WitError>,)>(&*store)?;
+        let delete_many = export_func(instance, store, "delete-many")?;
+        delete_many.typed::<(&[&[u8]],), (Result<(), WitError>,)>(&*store)?;
+        Ok(Self {
+            put,
+            delete,
+            put_many,
+            delete_many,
+        })
+    }
+}
+
+/// Function `name` of the guest's `state-store` export.
+fn export_func(instance: &Instance, store: &mut Store<GuestState>, name: &str) -> Result<Func> {
+    let iface = format!("{}/state-store@{}", super::WIT_PACKAGE, super::WIT_VERSION);
+    let export = instance
+        .get_export_index(&mut *store, None, &iface)
+        .with_context(|| format!("the guest does not export {iface}"))?;
+    let func = instance
+        .get_export_index(&mut *store, Some(&export), name)
+        .with_context(|| format!("{iface} has no {name}"))?;
+    instance
+        .get_func(&mut *store, func)
+        .with_context(|| format!("{iface}#{name} is not a function"))
+}
 
 /// Why a guest call failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +130,7 @@ pub fn describe(err: &WitError) -> String {
 pub struct StoreInstance {
     store: Store<GuestState>,
     api: bindings::Store,
+    borrowed: BorrowedCalls,
     label: String,
     limits: Limits,
     /// Why this instance takes no more calls: it trapped, or its commit
@@ -99,10 +156,13 @@ impl StoreInstance {
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(u64::MAX / 2);
         store.epoch_deadline_trap();
-        let api = guest.pre.instantiate(&mut store)?;
+        let instance = guest.pre.instance_pre().instantiate(&mut store)?;
+        let api = bindings::Store::new(&mut store, &instance)?;
+        let borrowed = BorrowedCalls::new(&instance, &mut store)?;
         Ok(Self {
             store,
             api,
+            borrowed,
             label: guest.label.clone(),
             limits: limits.clone(),
             dead: None,
@@ -273,37 +333,53 @@ impl StoreInstance {
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), CallError> {
-        self.call("put", Phase::Other, |g, s| {
-            g.call_put(s, &key.to_vec(), &value.to_vec())
+        let func = self.borrowed.put;
+        self.call("put", Phase::Other, |_, s| {
+            // SAFETY: checked against this signature in `BorrowedCalls::new`.
+            let f = unsafe { PutRef::new_unchecked(func) };
+            f.call(s, (key, value)).map(|(r,)| r)
         })
     }
 
     pub fn delete(&mut self, key: &[u8]) -> Result<(), CallError> {
-        self.call("delete", Phase::Other, |g, s| {
-            g.call_delete(s, &key.to_vec())
+        let func = self.borrowed.delete;
+        self.call("delete", Phase::Other, |_, s| {
+            // SAFETY: checked against this signature in `BorrowedCalls::new`.
+            let f = unsafe { DeleteRef::new_unchecked(func) };
+            f.call(s, (key,)).map(|(r,)| r)
         })
     }
 
     pub fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CallError> {
-        let entries: Vec<Entry> = entries
+        let entries: Vec<EntryRef> = entries
             .iter()
-            .map(|(k, v)| Entry {
-                key: k.clone(),
-                value: v.clone(),
-            })
+            .map(|(key, value)| EntryRef { key, value })
             .collect();
         self.put_entries(&entries)
     }
 
-    /// `put-many` with entries already in the WIT form (no copy here: the
-    /// task's hot path builds them once from its records).
-    pub fn put_entries(&mut self, entries: &[Entry]) -> Result<(), CallError> {
-        self.call("put-many", Phase::Other, |g, s| g.call_put_many(s, entries))
+    /// `put-many` of entries borrowed from the caller (the task's records).
+    pub fn put_entries(&mut self, entries: &[EntryRef<'_>]) -> Result<(), CallError> {
+        let func = self.borrowed.put_many;
+        self.call("put-many", Phase::Other, |_, s| {
+            // SAFETY: checked against this signature in `BorrowedCalls::new`.
+            let f = unsafe { PutManyRef::new_unchecked(func) };
+            f.call(s, (entries,)).map(|(r,)| r)
+        })
     }
 
     pub fn delete_many(&mut self, keys: &[Vec<u8>]) -> Result<(), CallError> {
-        self.call("delete-many", Phase::Other, |g, s| {
-            g.call_delete_many(s, keys)
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        self.delete_keys(&keys)
+    }
+
+    /// `delete-many` of keys borrowed from the caller (the task's records).
+    pub fn delete_keys(&mut self, keys: &[&[u8]]) -> Result<(), CallError> {
+        let func = self.borrowed.delete_many;
+        self.call("delete-many", Phase::Other, |_, s| {
+            // SAFETY: checked against this signature in `BorrowedCalls::new`.
+            let f = unsafe { DeleteManyRef::new_unchecked(func) };
+            f.call(s, (keys,)).map(|(r,)| r)
         })
     }
 

@@ -9,7 +9,7 @@ pub(crate) mod limiter;
 
 pub use host::GuestState;
 pub use instance::{
-    CallError, Isolation, Recovery, RecoveryAction, StoreInstance, WitEntry, WitError, RANGE_PAGE,
+    CallError, EntryRef, Isolation, Recovery, RecoveryAction, StoreInstance, WitError, RANGE_PAGE,
 };
 
 use anyhow::{bail, Context, Result};

@@ -6,7 +6,7 @@
 use super::Task;
 use crate::changelog::Record;
 use crate::crash;
-use crate::runtime::{CallError, StoreInstance, WitEntry};
+use crate::runtime::{CallError, EntryRef, StoreInstance};
 use anyhow::{bail, Context as _, Result};
 
 impl Task {
@@ -87,21 +87,17 @@ fn apply(instance: &mut StoreInstance, writes: &[Record]) -> Result<(), Refusal>
             .count();
         let chunk = &writes[i..i + run];
         let result = if put {
-            // One copy per write, straight into the WIT form.
-            let entries: Vec<WitEntry> = chunk
+            let entries: Vec<EntryRef> = chunk
                 .iter()
                 .map(|w| match w {
-                    Record::Put(k, v) => WitEntry {
-                        key: k.clone(),
-                        value: v.clone(),
-                    },
-                    Record::Delete(_) => unreachable!(),
+                    Record::Put(key, value) => EntryRef { key, value },
+                    Record::Delete(_) => unreachable!("a run of puts"),
                 })
                 .collect();
             instance.put_entries(&entries)
         } else {
-            let keys: Vec<Vec<u8>> = chunk.iter().map(|w| w.key().to_vec()).collect();
-            instance.delete_many(&keys)
+            let keys: Vec<&[u8]> = chunk.iter().map(Record::key).collect();
+            instance.delete_keys(&keys)
         };
         result.map_err(|error| Refusal {
             error,
