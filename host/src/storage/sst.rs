@@ -50,7 +50,7 @@ fn c_path(p: &Path) -> Result<CString> {
 /// Hard-links the live SST files of `cf` into `dir` (which must not exist;
 /// RocksDB creates and fsyncs it). The family's memtable is flushed first
 /// by RocksDB; callers flush every family before, so that flush cuts
-/// nothing (see `rocks.rs` on atomic flushes).
+/// nothing (see `rocks/mod.rs` on atomic flushes).
 pub(super) fn export(db: &Db, cf: &impl AsColumnFamilyRef, dir: &Path) -> Result<Vec<SstFile>> {
     let path = c_path(dir)?;
     let mut err: *mut c_char = std::ptr::null_mut();
