@@ -11,7 +11,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-wit="$here/../../wit"
+wit="$here/../../wit/0.1.0"
 out_dir="${1:-$here}"     # optional: where to put js_guest.wasm
 mkdir -p "$out_dir"
 out="$(cd "$out_dir" && pwd)/js_guest.wasm"

@@ -6,11 +6,11 @@ use crate::common::{ok, stderr, txstore, txstore_env, write_config};
 fn inspect_builtin_prints_world_and_transactional() {
     let out = ok(&txstore(&["inspect", "wipe-on-crash"]));
     assert!(
-        out.contains("world:          txstore:store/store@0.1.0"),
+        out.contains("world:          txstore:store/store@0.2.0"),
         "{out}"
     );
     assert!(out.contains("transactional:  false"), "{out}");
-    assert!(out.contains("txstore:store/state-store@0.1.0"), "{out}");
+    assert!(out.contains("txstore:store/state-store@0.2.0"), "{out}");
 }
 
 /// The first load compiles and writes the cache; the second must not compile.
@@ -58,27 +58,36 @@ fn put_get_scan_round_trip_on_rocksdb() {
     assert_eq!(stderr(&missing).trim(), "error: key gamma not found");
 }
 
-/// A component built against another version of the contract is refused
-/// with both versions named.
+/// A component built against a version of the contract the host does not
+/// link is refused with the versions named; so is one that mixes two.
 #[test]
 fn other_wit_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let wat = r#"(component
-        (type $store (instance))
-        (import "txstore:store/storage@0.2.0" (instance (type $store)))
-        (instance $api)
-        (export "txstore:store/state-store@0.2.0" (instance $api)))"#;
-    let path = dir.path().join("v2.wasm");
-    std::fs::write(&path, wat::parse_str(wat).unwrap()).unwrap();
-    let out = txstore(&["inspect", path.to_str().unwrap()]);
-    assert!(!out.status.success());
-    let err = stderr(&out);
-    assert!(
-        err.contains("built against txstore:store@0.2.0")
-            && err.contains("provides txstore:store@0.1.0"),
-        "{err}"
-    );
-    assert_eq!(err.trim().lines().count(), 1, "one error line: {err}");
+    for (import, export, said) in [
+        ("0.3.0", "0.3.0", "built against txstore:store@0.3.0"),
+        ("0.1.0", "0.2.0", "mixes txstore:store@"),
+    ] {
+        let wat = format!(
+            r#"(component
+                (type $store (instance))
+                (import "txstore:store/storage@{import}" (instance (type $store)))
+                (instance $api)
+                (export "txstore:store/state-store@{export}" (instance $api)))"#
+        );
+        let path = dir.path().join("other.wasm");
+        std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+        let out = txstore(&["inspect", path.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(err.contains(said), "{err}");
+        if import == export {
+            assert!(
+                err.contains("provides txstore:store@0.1.0 and txstore:store@0.2.0"),
+                "{err}"
+            );
+        }
+        assert_eq!(err.trim().lines().count(), 1, "one error line: {err}");
+    }
 }
 
 #[test]
@@ -111,7 +120,7 @@ fn other_world_is_refused() {
     std::fs::write(&path, wat::parse_str(wat).unwrap()).unwrap();
     let err = stderr(&txstore(&["inspect", path.to_str().unwrap()]));
     assert!(
-        err.contains("does not export txstore:store/state-store@0.1.0")
+        err.contains("does not export txstore:store/state-store@0.2.0")
             && err.contains("example:other/api@1.0.0"),
         "{err}"
     );

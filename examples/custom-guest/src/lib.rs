@@ -11,7 +11,7 @@ use exports::txstore::store::state_store::{Guest, Isolation, Recovery, RecoveryA
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use txstore::store::storage::{self, Keyspace, KeyspaceOps, Op};
-use txstore::store::types::{Entry, Error};
+use txstore::store::types::{Entry, Error, MaybeValues, Packed};
 
 const OFFSET: &[u8] = b"offset";
 
@@ -32,6 +32,27 @@ fn with<R>(f: impl FnOnce(&mut Store) -> Result<R, Error>) -> Result<R, Error> {
         Some(s) => f(s),
         None => Err(Error::Other("init was not called".into())),
     })
+}
+
+/// String `i` of a packed buffer: `bytes[ends[i-1]..ends[i]]`.
+fn string(p: &Packed, i: usize) -> &[u8] {
+    let start = if i == 0 { 0 } else { p.ends[i - 1] as usize };
+    &p.bytes[start..p.ends[i] as usize]
+}
+
+/// Appends one string to a packed buffer.
+fn push(p: &mut Packed, s: &[u8]) {
+    p.bytes.extend_from_slice(s);
+    p.ends.push(p.bytes.len() as u32);
+}
+
+/// Refuses offsets that do not describe `bytes` (they would trap a read).
+fn check(p: &Packed, per: usize) -> Result<(), Error> {
+    let sorted = p.ends.windows(2).all(|w| w[0] <= w[1]);
+    if p.ends.len() % per != 0 || !sorted || p.ends.last().map_or(0, |e| *e as usize) != p.bytes.len() {
+        return Err(Error::InvalidArgument("malformed packed argument".into()));
+    }
+    Ok(())
 }
 
 fn stored_offset(meta: &Keyspace) -> Result<Option<u64>, Error> {
@@ -93,11 +114,20 @@ impl Guest for Custom {
         with(|s| s.read(&key, isolation))
     }
 
-    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
-        with(|s| keys.iter().map(|k| s.read(k, isolation)).collect())
+    fn get_many(keys: Packed, isolation: Isolation) -> Result<MaybeValues, Error> {
+        check(&keys, 1)?;
+        with(|s| {
+            let mut out = MaybeValues { values: Packed { bytes: Vec::new(), ends: Vec::new() }, found: Vec::new() };
+            for i in 0..keys.ends.len() {
+                let value = s.read(string(&keys, i), isolation)?;
+                push(&mut out.values, value.as_deref().unwrap_or_default());
+                out.found.push(value.is_some());
+            }
+            Ok(out)
+        })
     }
 
-    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Packed, Error> {
         if let (Some(a), Some(b)) = (&start, &end) {
             if a > b {
                 return Err(Error::InvalidArgument("range start is after its end".into()));
@@ -108,11 +138,14 @@ impl Guest for Custom {
             let cursor = s.data.scan(start.as_deref(), end.as_deref())?;
             let mut view = BTreeMap::new();
             loop {
-                let batch = cursor.next(1024)?;
-                if batch.is_empty() {
+                // A page of entries: key i is string 2i, its value 2i + 1.
+                let page = cursor.next(1024)?;
+                if page.ends.is_empty() {
                     break;
                 }
-                view.extend(batch.into_iter().map(|e| (e.key, e.value)));
+                for i in 0..page.ends.len() / 2 {
+                    view.insert(string(&page, 2 * i).to_vec(), string(&page, 2 * i + 1).to_vec());
+                }
             }
             if isolation == Isolation::ReadUncommitted {
                 let inside = |k: &Vec<u8>| start.as_ref().is_none_or(|a| k >= a) && end.as_ref().is_none_or(|b| k < b);
@@ -123,7 +156,12 @@ impl Guest for Custom {
                     };
                 }
             }
-            Ok(view.into_iter().take(limit as usize).map(|(key, value)| Entry { key, value }).collect())
+            let mut out = Packed { bytes: Vec::new(), ends: Vec::new() };
+            for (key, value) in view.into_iter().take(limit as usize) {
+                push(&mut out, &key);
+                push(&mut out, &value);
+            }
+            Ok(out)
         })
     }
 
@@ -135,12 +173,24 @@ impl Guest for Custom {
         with(|s| Ok(s.write(key, None)))
     }
 
-    fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
-        with(|s| Ok(entries.into_iter().for_each(|e| s.write(e.key, Some(e.value)))))
+    fn put_many(entries: Packed) -> Result<(), Error> {
+        check(&entries, 2)?;
+        with(|s| {
+            for i in 0..entries.ends.len() / 2 {
+                s.write(string(&entries, 2 * i).to_vec(), Some(string(&entries, 2 * i + 1).to_vec()));
+            }
+            Ok(())
+        })
     }
 
-    fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
-        with(|s| Ok(keys.into_iter().for_each(|k| s.write(k, None))))
+    fn delete_many(keys: Packed) -> Result<(), Error> {
+        check(&keys, 1)?;
+        with(|s| {
+            for i in 0..keys.ends.len() {
+                s.write(string(&keys, i).to_vec(), None);
+            }
+            Ok(())
+        })
     }
 
     fn commit(offset: u64) -> Result<(), Error> {

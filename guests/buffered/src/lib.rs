@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use txstore_guest_kit::{
     bounds, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage,
-    write_calls, write_op, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Recovery, Slot,
-    Write,
+    write_calls, write_op, CursorIter, Error, Guest, Isolation, Keyspace, KeyspaceOps, MaybeValues, Op, Packed,
+    Recovery, Slot, Write, Writes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -93,9 +93,9 @@ impl Store {
         Ok(())
     }
 
-    fn buffer(&mut self, writes: Vec<Write>) -> Result<(), Error> {
+    fn buffer(&mut self, writes: Writes) -> Result<(), Error> {
         self.usable()?;
-        self.buffer.add(writes)
+        self.buffer.add(writes.into_vec())
     }
 }
 
@@ -146,30 +146,31 @@ impl Guest for Buffered {
         })
     }
 
-    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    fn get_many(keys: Packed, isolation: Isolation) -> Result<MaybeValues, Error> {
+        keys.check(1, "get-many")?;
         STORE.with(|s| {
             s.usable()?;
-            if isolation == Isolation::ReadCommitted {
+            if isolation == Isolation::ReadCommitted || s.buffer.writes.is_empty() {
                 return s.data.get_many(&keys);
             }
-            let misses: Vec<Vec<u8>> = keys.iter().filter(|k| !s.buffer.writes.contains_key(*k)).cloned().collect();
-            let mut stored = s.data.get_many(&misses)?.into_iter();
-            Ok(keys
-                .iter()
-                .map(|k| match s.buffer.writes.get(k) {
-                    Some(v) => v.clone(),
-                    None => stored.next().flatten(),
-                })
-                .collect())
+            let mut misses = Packed::new();
+            for k in keys.strings().filter(|k| !s.buffer.writes.contains_key(*k)) {
+                misses.push(k);
+            }
+            let stored = s.data.get_many(&misses)?;
+            let mut stored = stored.iter();
+            let mut out = MaybeValues::new();
+            for k in keys.strings() {
+                match s.buffer.writes.get(k) {
+                    Some(v) => out.push(v.as_deref()),
+                    None => out.push(stored.next().flatten()),
+                }
+            }
+            Ok(out)
         })
     }
 
-    fn range(
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-        isolation: Isolation,
-        limit: u32,
-    ) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Packed, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             s.usable()?;
@@ -177,7 +178,7 @@ impl Guest for Buffered {
                 return read_range(&s.data, start.as_deref(), end.as_deref(), limit);
             }
             let mut base = CursorIter::expecting(&s.data, start.as_deref(), end.as_deref(), limit)?;
-            let overlay = s.buffer.writes.range(bounds(start, end)).map(|(k, v)| (k.clone(), v.clone()));
+            let overlay = s.buffer.writes.range(bounds(start, end)).map(|(k, v)| (k, v.as_ref()));
             let out = merge(&mut base, overlay, limit);
             base.finish()?;
             Ok(out)

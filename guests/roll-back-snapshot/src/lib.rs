@@ -13,9 +13,9 @@
 
 use std::collections::HashSet;
 use txstore_guest_kit::{
-    check_options, check_range, export_store, put_u64, read_range, read_u64, recovered, storage, write_bytes,
-    write_calls, write_op, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery,
-    RecoveryAction, Slot, Write,
+    check_options, check_range, export_store, put_u64, read_range, read_u64, recovered, storage, write_calls, Entry,
+    Error, Guest, Isolation, Keyspace, KeyspaceOps, MaybeValues, Op, Packed, Pending, Recovery, RecoveryAction, Slot,
+    Writes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -41,9 +41,9 @@ struct Store {
 static STORE: Slot<Store> = Slot::new();
 
 impl Store {
-    fn write(&mut self, writes: Vec<Write>) -> Result<(), Error> {
-        self.bytes += write_bytes(&writes);
-        self.touched.extend(writes.iter().map(|(k, _)| k.clone()));
+    fn write(&mut self, writes: Writes) -> Result<(), Error> {
+        self.bytes += writes.bytes();
+        self.touched.extend(writes.iter().map(|(k, _)| k.to_vec()));
         if self.pending.push(writes) {
             self.flush()?;
         }
@@ -56,7 +56,7 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let main_ops = self.pending.take().into_iter().map(write_op);
+        let main_ops = self.pending.take().into_iter().map(Writes::into_op);
         let mut batch = vec![KeyspaceOps { keyspace: &self.main, ops: main_ops.collect() }];
         if !self.dirty {
             let marker = Op::Put(Entry { key: DIRTY.to_vec(), value: Vec::new() });
@@ -145,7 +145,8 @@ impl Guest for RollBackSnapshot {
         })
     }
 
-    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    fn get_many(keys: Packed, isolation: Isolation) -> Result<MaybeValues, Error> {
+        keys.check(1, "get-many")?;
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {
                 s.flush()?;
@@ -156,24 +157,27 @@ impl Guest for RollBackSnapshot {
             }
             // Two batched reads: touched keys from the snapshot, the rest
             // from `main`; then back into the order asked.
-            let (old, fresh): (Vec<_>, Vec<_>) = keys.iter().partition(|k| s.touched.contains(*k));
-            let old_keys: Vec<Vec<u8>> = old.into_iter().cloned().collect();
-            let fresh_keys: Vec<Vec<u8>> = fresh.into_iter().cloned().collect();
-            let mut old_values = s.committed()?.get_many(&old_keys)?.into_iter();
-            let mut fresh_values = s.main.get_many(&fresh_keys)?.into_iter();
-            Ok(keys
-                .iter()
-                .map(|k| if s.touched.contains(k) { old_values.next() } else { fresh_values.next() }.flatten())
-                .collect())
+            let (mut old, mut fresh) = (Packed::new(), Packed::new());
+            for k in keys.strings() {
+                if s.touched.contains(k) {
+                    old.push(k)
+                } else {
+                    fresh.push(k)
+                }
+            }
+            let old_values = s.committed()?.get_many(&old)?;
+            let fresh_values = s.main.get_many(&fresh)?;
+            let (mut old_values, mut fresh_values) = (old_values.iter(), fresh_values.iter());
+            let mut out = MaybeValues::new();
+            for k in keys.strings() {
+                let value = if s.touched.contains(k) { old_values.next() } else { fresh_values.next() };
+                out.push(value.flatten());
+            }
+            Ok(out)
         })
     }
 
-    fn range(
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-        isolation: Isolation,
-        limit: u32,
-    ) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Packed, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {

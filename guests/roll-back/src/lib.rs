@@ -17,9 +17,9 @@
 
 use std::collections::HashSet;
 use txstore_guest_kit::{
-    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage, write_bytes,
-    write_calls, write_op, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery,
-    RecoveryAction, Slot, Tagged, Write,
+    apply_tagged, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage,
+    write_calls, CursorIter, Error, Guest, Isolation, Keyspace, KeyspaceOps, MaybeValues, Op, Packed, Pending,
+    Recovery, RecoveryAction, Slot, Tagged, Writes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -45,8 +45,8 @@ fn decode_prior(stored: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
 }
 
 impl Store {
-    fn write(&mut self, writes: Vec<Write>) -> Result<(), Error> {
-        self.bytes += write_bytes(&writes);
+    fn write(&mut self, writes: Writes) -> Result<(), Error> {
+        self.bytes += writes.bytes();
         if self.pending.push(writes) {
             self.flush()?;
         }
@@ -59,44 +59,38 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let writes = self.pending.take();
-        let mut fresh: Vec<Vec<u8>> = Vec::new();
+        let calls = self.pending.take();
+        let mut fresh = Packed::new();
         let mut seen = HashSet::new();
-        for (k, _) in &writes {
+        for (k, _) in calls.iter().flat_map(Writes::iter) {
             if !self.touched.contains(k) && seen.insert(k) {
-                fresh.push(k.clone());
+                fresh.push(k);
             }
         }
-        let priors = if fresh.is_empty() { Vec::new() } else { self.main.get_many(&fresh)? };
-        let undo_ops = fresh.iter().zip(priors).map(|(k, p)| Op::Put(Entry { key: k.clone(), value: PRIOR.encode(p) }));
-        let main_ops = writes.into_iter().map(write_op);
+        let mut undo = Packed::new();
+        if !fresh.ends.is_empty() {
+            let priors = self.main.get_many(&fresh)?;
+            for (k, prior) in fresh.strings().zip(priors.iter()) {
+                undo.push_entry(k, &PRIOR.encode(prior.map(<[u8]>::to_vec)));
+            }
+        }
+        let main_ops = calls.into_iter().map(Writes::into_op);
         // One atomic batch: a write is never durable without its undo entry.
         storage::write(
             &[
-                KeyspaceOps { keyspace: &self.undo, ops: undo_ops.collect() },
+                KeyspaceOps { keyspace: &self.undo, ops: vec![Op::PutMany(undo)] },
                 KeyspaceOps { keyspace: &self.main, ops: main_ops.collect() },
             ],
             false,
         )?;
-        self.touched.extend(fresh);
+        self.touched.extend(fresh.strings().map(<[u8]>::to_vec));
         Ok(())
     }
 
-    /// Puts every prior value back, 1024 per call, then clears the log.
-    /// Idempotent: the log is only cleared once everything is back.
+    /// Puts every prior value back, a cursor page per call, then clears
+    /// the log. Idempotent: the log is only cleared once everything is back.
     fn roll_back(&mut self) -> Result<(), Error> {
-        let mut it = CursorIter::new(&self.undo, None, None)?;
-        loop {
-            let mut ops = Vec::with_capacity(1024);
-            for e in it.by_ref().take(1024) {
-                ops.push(write_op((e.key, decode_prior(e.value)?)));
-            }
-            if ops.is_empty() {
-                break;
-            }
-            storage::write(&[KeyspaceOps { keyspace: &self.main, ops }], false)?;
-        }
-        it.finish()?;
+        apply_tagged(&self.undo, &self.main, PRIOR, "undo")?;
         storage::write(&[KeyspaceOps { keyspace: &self.undo, ops: vec![Op::Clear] }], true)
     }
 
@@ -153,7 +147,8 @@ impl Guest for RollBack {
         })
     }
 
-    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    fn get_many(keys: Packed, isolation: Isolation) -> Result<MaybeValues, Error> {
+        keys.check(1, "get-many")?;
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {
                 s.flush()?;
@@ -162,11 +157,15 @@ impl Guest for RollBack {
             if s.touched.is_empty() {
                 return s.main.get_many(&keys);
             }
-            keys.iter().map(|k| s.committed_get(k)).collect()
+            let mut out = MaybeValues::new();
+            for k in keys.strings() {
+                out.push(s.committed_get(k)?.as_deref());
+            }
+            Ok(out)
         })
     }
 
-    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Packed, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {

@@ -19,9 +19,9 @@
 //! (before any read-uncommitted read and before commit).
 
 use txstore_guest_kit::{
-    check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage, write_bytes,
-    write_calls, write_op, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Op, Pending, Recovery,
-    RecoveryAction, Slot, Tagged, Write,
+    apply_tagged, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage,
+    write_calls, CursorIter, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, MaybeValues, Op, Packed, Pending,
+    Recovery, RecoveryAction, Slot, Tagged, Writes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -77,8 +77,8 @@ fn marker_offset(value: &[u8]) -> Result<u64, Error> {
 }
 
 impl Store {
-    fn stage(&mut self, writes: Vec<Write>) -> Result<(), Error> {
-        self.bytes += write_bytes(&writes);
+    fn stage(&mut self, writes: Writes) -> Result<(), Error> {
+        self.bytes += writes.bytes();
         if self.pending.push(writes) {
             self.flush()?;
         }
@@ -90,25 +90,17 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let ops =
-            self.pending.take().into_iter().map(|(key, v)| Op::Put(Entry { key, value: STAGED.encode(v) })).collect();
-        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops }], false)
+        let mut staged = Packed::new();
+        for (key, value) in self.pending.take().iter().flat_map(Writes::iter) {
+            staged.push(key);
+            STAGED.encode_into(value, &mut staged);
+        }
+        storage::write(&[KeyspaceOps { keyspace: &self.temp, ops: vec![Op::PutMany(staged)] }], false)
     }
 
-    /// Step 2: copies `temp` into `main`, 1024 entries per call, then syncs.
+    /// Step 2: copies `temp` into `main`, a cursor page per call.
     fn copy_temp_to_main(&self) -> Result<(), Error> {
-        let mut it = CursorIter::new(&self.temp, None, None)?;
-        loop {
-            let mut ops = Vec::with_capacity(1024);
-            for e in it.by_ref().take(1024) {
-                ops.push(write_op((e.key, untag(e.value)?)));
-            }
-            if ops.is_empty() {
-                break;
-            }
-            storage::write(&[KeyspaceOps { keyspace: &self.main, ops }], false)?;
-        }
-        it.finish()
+        apply_tagged(&self.temp, &self.main, STAGED, "temp")
     }
 
     /// Steps 2-3 for the commit at `offset` whose marker is written.
@@ -174,27 +166,34 @@ impl Guest for RollForward {
         })
     }
 
-    fn get_many(keys: Vec<Vec<u8>>, isolation: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    fn get_many(keys: Packed, isolation: Isolation) -> Result<MaybeValues, Error> {
+        keys.check(1, "get-many")?;
         STORE.with(|s| {
             if isolation == Isolation::ReadCommitted {
                 return s.main.get_many(&keys);
             }
             s.flush()?;
             let staged = s.temp.get_many(&keys)?;
-            let misses: Vec<Vec<u8>> =
-                keys.iter().zip(&staged).filter(|(_, t)| t.is_none()).map(|(k, _)| k.clone()).collect();
-            let mut committed = s.main.get_many(&misses)?.into_iter();
-            staged
-                .into_iter()
-                .map(|t| match t {
-                    Some(t) => untag(t),
-                    None => Ok(committed.next().flatten()),
-                })
-                .collect()
+            let mut misses = Packed::new();
+            for (k, t) in keys.strings().zip(staged.iter()) {
+                if t.is_none() {
+                    misses.push(k);
+                }
+            }
+            let committed = s.main.get_many(&misses)?;
+            let mut committed = committed.iter();
+            let mut out = MaybeValues::new();
+            for t in staged.iter() {
+                match t {
+                    Some(t) => out.push(STAGED.decode_slice(t, "temp")?),
+                    None => out.push(committed.next().flatten()),
+                }
+            }
+            Ok(out)
         })
     }
 
-    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, isolation: Isolation, limit: u32) -> Result<Packed, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| {
             if isolation == Isolation::ReadCommitted {

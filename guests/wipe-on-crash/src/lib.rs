@@ -7,8 +7,8 @@
 //! whole changelog. This is what Kafka Streams does today under exactly-once.
 
 use txstore_guest_kit::{
-    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, write_bytes, write_calls,
-    write_op, Entry, Error, Guest, Isolation, Keyspace, KeyspaceOps, Level, Op, Recovery, RecoveryAction, Slot, Write,
+    check_options, check_range, export_store, put_u64, read_range, read_u64, storage, write_calls, Error, Guest,
+    Isolation, Keyspace, KeyspaceOps, Level, MaybeValues, Op, Packed, Recovery, RecoveryAction, Slot, Writes,
 };
 
 const OFFSET: &[u8] = b"committed-offset";
@@ -22,10 +22,9 @@ struct Store {
 static STORE: Slot<Store> = Slot::new();
 
 impl Store {
-    fn write(&mut self, writes: Vec<Write>) -> Result<(), Error> {
-        let bytes = write_bytes(&writes);
-        let ops = writes.into_iter().map(write_op).collect();
-        storage::write(&[KeyspaceOps { keyspace: &self.data, ops }], false)?;
+    fn write(&mut self, writes: Writes) -> Result<(), Error> {
+        let bytes = writes.bytes();
+        storage::write(&[KeyspaceOps { keyspace: &self.data, ops: vec![writes.into_op()] }], false)?;
         self.uncommitted_bytes += bytes;
         Ok(())
     }
@@ -72,11 +71,12 @@ impl Guest for WipeOnCrash {
         STORE.with(|s| s.data.get(&key))
     }
 
-    fn get_many(keys: Vec<Vec<u8>>, _: Isolation) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    fn get_many(keys: Packed, _: Isolation) -> Result<MaybeValues, Error> {
+        keys.check(1, "get-many")?;
         STORE.with(|s| s.data.get_many(&keys))
     }
 
-    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, _: Isolation, limit: u32) -> Result<Vec<Entry>, Error> {
+    fn range(start: Option<Vec<u8>>, end: Option<Vec<u8>>, _: Isolation, limit: u32) -> Result<Packed, Error> {
         check_range(&start, &end)?;
         STORE.with(|s| read_range(&s.data, start.as_deref(), end.as_deref(), limit))
     }

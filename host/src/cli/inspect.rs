@@ -25,7 +25,7 @@ pub(super) fn main(guest: &str) -> Result<()> {
     println!(
         "world:          {}/store@{}",
         runtime::WIT_PACKAGE,
-        runtime::WIT_VERSION
+        component.version
     );
     println!("transactional:  {transactional}");
     println!("exports:        {}", component.exports.join(", "));
@@ -50,7 +50,7 @@ fn inspect_processor(runtime: &Runtime, path: &Path) -> Result<()> {
     println!(
         "world:          {}/processor@{}",
         runtime::WIT_PACKAGE,
-        runtime::WIT_VERSION
+        runtime::PROCESSOR_VERSION
     );
     println!("exports:        {}", component.exports.join(", "));
     println!("imports:        {}", component.imports.join(", "));

@@ -62,7 +62,7 @@ pub(super) fn scan(a: ScanArgs) -> Result<()> {
         task.store()
             .range_pages(from, to, isolation, limit, |page| {
                 if failed.is_ok() {
-                    failed = each(page);
+                    failed = each(page.to_pairs());
                 }
             })?;
         failed?;

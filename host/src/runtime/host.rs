@@ -1,14 +1,12 @@
 //! The host side of the `storage` interface: what a guest may do, resolved
 //! against its own [`StoreStorage`] only. Every call is counted for the
-//! `commit-call:N` / `recover-call:N` crash points.
+//! `commit-call:N` / `recover-call:N` crash points. The calls are written
+//! once here; `host_v1` and `host_v2` give them the types of each WIT
+//! version.
 
-use super::bindings::txstore::store::storage::{
-    Host, HostCursor, HostKeyspace, KeyspaceOps, Level, Op as WitOp,
-};
-use super::bindings::txstore::store::types::{self, Entry, Error as WitError};
 use super::limiter::GuestLimiter;
 use crate::crash::{self, Phase};
-use crate::storage::{Cursor, KeyspaceId, Op, StorageError, StoreStorage, MAX_CURSOR_BATCH};
+use crate::storage::{self, Cursor, Entry, KeyspaceId, Op, StoreStorage, MAX_CURSOR_BATCH};
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -99,13 +97,176 @@ impl GuestState {
     }
 
     /// Counts a call that changes storage (and `count`s it).
-    fn count_write(&self) {
+    pub(super) fn count_write(&self) {
         self.count();
         crash::guest_write(self.phase);
     }
 
-    fn ks(&self, r: &Resource<KeyspaceRes>) -> wasmtime::Result<KeyspaceId> {
+    pub(super) fn ks(&self, r: &Resource<KeyspaceRes>) -> wasmtime::Result<KeyspaceId> {
         Ok(self.table.get(r)?.id)
+    }
+}
+
+/// A storage call's answer: the outer error is the guest's fault (a handle
+/// it does not own) and traps; the inner one is the contract's.
+pub(super) type Answer<T> = wasmtime::Result<storage::Result<T>>;
+
+/// The `storage` calls, whatever the WIT version.
+impl GuestState {
+    pub(super) fn open(&mut self, name: String) -> Answer<Resource<KeyspaceRes>> {
+        self.count();
+        match self.storage.open_keyspace(&name) {
+            Ok(id) => Ok(Ok(self.table.push(KeyspaceRes { id, name })?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    pub(super) fn open_snapshot(
+        &mut self,
+        snapshot: String,
+        name: String,
+    ) -> Answer<Resource<KeyspaceRes>> {
+        self.count();
+        match self.storage.open_snapshot_keyspace(&snapshot, &name) {
+            Ok(id) => Ok(Ok(self.table.push(KeyspaceRes { id, name })?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    pub(super) fn name(&mut self, this: &Resource<KeyspaceRes>) -> wasmtime::Result<String> {
+        Ok(self.table.get(this)?.name.clone())
+    }
+
+    pub(super) fn get(
+        &mut self,
+        this: &Resource<KeyspaceRes>,
+        key: &[u8],
+    ) -> Answer<Option<Vec<u8>>> {
+        self.count();
+        let ks = self.ks(this)?;
+        Ok(self.storage.get(ks, key))
+    }
+
+    pub(super) fn get_many(
+        &mut self,
+        this: &Resource<KeyspaceRes>,
+        keys: &[Vec<u8>],
+    ) -> Answer<Vec<Option<Vec<u8>>>> {
+        self.count();
+        let ks = self.ks(this)?;
+        Ok(self.storage.get_many(ks, keys))
+    }
+
+    pub(super) fn put(
+        &mut self,
+        this: &Resource<KeyspaceRes>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Answer<()> {
+        self.count_write();
+        let ks = self.ks(this)?;
+        Ok(self.storage.put(ks, key, value))
+    }
+
+    pub(super) fn delete(&mut self, this: &Resource<KeyspaceRes>, key: &[u8]) -> Answer<()> {
+        self.count_write();
+        let ks = self.ks(this)?;
+        Ok(self.storage.delete(ks, key))
+    }
+
+    pub(super) fn scan(
+        &mut self,
+        this: &Resource<KeyspaceRes>,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+    ) -> Answer<Resource<CursorRes>> {
+        self.count();
+        let ks = self.ks(this)?;
+        match self.storage.scan(ks, start, end) {
+            Ok(c) => Ok(Ok(self.table.push(CursorRes(c))?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    pub(super) fn delete_range(
+        &mut self,
+        this: &Resource<KeyspaceRes>,
+        start: &[u8],
+        end: &[u8],
+    ) -> Answer<()> {
+        self.count_write();
+        let ks = self.ks(this)?;
+        Ok(self.storage.delete_range(ks, start, end))
+    }
+
+    pub(super) fn clear(&mut self, this: &Resource<KeyspaceRes>) -> Answer<()> {
+        self.count_write();
+        let ks = self.ks(this)?;
+        Ok(self.storage.clear(ks))
+    }
+
+    pub(super) fn is_empty(&mut self, this: &Resource<KeyspaceRes>) -> Answer<bool> {
+        self.count();
+        let ks = self.ks(this)?;
+        Ok(self.storage.is_empty(ks))
+    }
+
+    pub(super) fn drop_keyspace(&mut self, this: Resource<KeyspaceRes>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+
+    pub(super) fn next(&mut self, this: &Resource<CursorRes>, max: u32) -> Answer<Vec<Entry>> {
+        self.count();
+        let cursor = self.table.get_mut(this)?;
+        Ok(cursor.0.next((max as usize).min(MAX_CURSOR_BATCH)))
+    }
+
+    pub(super) fn drop_cursor(&mut self, this: Resource<CursorRes>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+
+    /// A batch whose keyspaces are already resolved ([`Self::ks`]) after
+    /// [`Self::count_write`] counted the call.
+    pub(super) fn write(&mut self, ops: Vec<(KeyspaceId, Vec<Op>)>, sync: bool) -> Answer<()> {
+        Ok(self.storage.write(ops, sync))
+    }
+
+    pub(super) fn sync(&mut self) -> Answer<()> {
+        self.count();
+        Ok(self.storage.sync())
+    }
+
+    pub(super) fn create_snapshot(&mut self, name: &str) -> Answer<()> {
+        self.count();
+        Ok(self.storage.create_snapshot(name))
+    }
+
+    pub(super) fn restore_snapshot(&mut self, name: &str) -> Answer<()> {
+        self.count_write();
+        Ok(self.storage.restore_snapshot(name))
+    }
+
+    pub(super) fn drop_snapshot(&mut self, name: &str) -> Answer<()> {
+        self.count();
+        Ok(self.storage.drop_snapshot(name))
+    }
+
+    pub(super) fn list_snapshots(&mut self) -> Answer<Vec<String>> {
+        self.count();
+        Ok(self.storage.list_snapshots())
+    }
+
+    pub(super) fn log(&mut self, level: tracing::Level, message: &str) {
+        let store = &self.store_name;
+        match level {
+            tracing::Level::TRACE => tracing::trace!(target: "txstore::guest", store, "{message}"),
+            tracing::Level::DEBUG => tracing::debug!(target: "txstore::guest", store, "{message}"),
+            tracing::Level::INFO => tracing::info!(target: "txstore::guest", store, "{message}"),
+            tracing::Level::WARN => tracing::warn!(target: "txstore::guest", store, "{message}"),
+            tracing::Level::ERROR => tracing::error!(target: "txstore::guest", store, "{message}"),
+        }
     }
 }
 
@@ -115,188 +276,5 @@ impl WasiView for GuestState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
-    }
-}
-
-impl From<StorageError> for WitError {
-    fn from(e: StorageError) -> Self {
-        match e {
-            StorageError::Denied(m) => WitError::AccessDenied(m),
-            StorageError::NoSuchSnapshot(n) => WitError::NoSuchSnapshot(n),
-            StorageError::Invalid(m) => WitError::InvalidArgument(m),
-            StorageError::Io(m) => WitError::Storage(m),
-        }
-    }
-}
-
-type R<T> = wasmtime::Result<Result<T, WitError>>;
-
-fn wit<T>(r: crate::storage::Result<T>) -> R<T> {
-    Ok(r.map_err(WitError::from))
-}
-
-impl types::Host for GuestState {}
-
-impl HostKeyspace for GuestState {
-    fn open(&mut self, name: String) -> R<Resource<KeyspaceRes>> {
-        self.count();
-        match self.storage.open_keyspace(&name) {
-            Ok(id) => Ok(Ok(self.table.push(KeyspaceRes { id, name })?)),
-            Err(e) => Ok(Err(e.into())),
-        }
-    }
-
-    fn open_snapshot(&mut self, snapshot: String, name: String) -> R<Resource<KeyspaceRes>> {
-        self.count();
-        match self.storage.open_snapshot_keyspace(&snapshot, &name) {
-            Ok(id) => Ok(Ok(self.table.push(KeyspaceRes { id, name })?)),
-            Err(e) => Ok(Err(e.into())),
-        }
-    }
-
-    fn name(&mut self, this: Resource<KeyspaceRes>) -> wasmtime::Result<String> {
-        Ok(self.table.get(&this)?.name.clone())
-    }
-
-    fn get(&mut self, this: Resource<KeyspaceRes>, key: Vec<u8>) -> R<Option<Vec<u8>>> {
-        self.count();
-        let ks = self.ks(&this)?;
-        wit(self.storage.get(ks, &key))
-    }
-
-    fn get_many(
-        &mut self,
-        this: Resource<KeyspaceRes>,
-        keys: Vec<Vec<u8>>,
-    ) -> R<Vec<Option<Vec<u8>>>> {
-        self.count();
-        let ks = self.ks(&this)?;
-        wit(self.storage.get_many(ks, &keys))
-    }
-
-    fn put(&mut self, this: Resource<KeyspaceRes>, key: Vec<u8>, value: Vec<u8>) -> R<()> {
-        self.count_write();
-        let ks = self.ks(&this)?;
-        wit(self.storage.put(ks, &key, &value))
-    }
-
-    fn delete(&mut self, this: Resource<KeyspaceRes>, key: Vec<u8>) -> R<()> {
-        self.count_write();
-        let ks = self.ks(&this)?;
-        wit(self.storage.delete(ks, &key))
-    }
-
-    fn scan(
-        &mut self,
-        this: Resource<KeyspaceRes>,
-        start: Option<Vec<u8>>,
-        end: Option<Vec<u8>>,
-    ) -> R<Resource<CursorRes>> {
-        self.count();
-        let ks = self.ks(&this)?;
-        match self.storage.scan(ks, start.as_deref(), end.as_deref()) {
-            Ok(c) => Ok(Ok(self.table.push(CursorRes(c))?)),
-            Err(e) => Ok(Err(e.into())),
-        }
-    }
-
-    fn delete_range(&mut self, this: Resource<KeyspaceRes>, start: Vec<u8>, end: Vec<u8>) -> R<()> {
-        self.count_write();
-        let ks = self.ks(&this)?;
-        wit(self.storage.delete_range(ks, &start, &end))
-    }
-
-    fn clear(&mut self, this: Resource<KeyspaceRes>) -> R<()> {
-        self.count_write();
-        let ks = self.ks(&this)?;
-        wit(self.storage.clear(ks))
-    }
-
-    fn is_empty(&mut self, this: Resource<KeyspaceRes>) -> R<bool> {
-        self.count();
-        let ks = self.ks(&this)?;
-        wit(self.storage.is_empty(ks))
-    }
-
-    fn drop(&mut self, this: Resource<KeyspaceRes>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
-    }
-}
-
-impl HostCursor for GuestState {
-    fn next(&mut self, this: Resource<CursorRes>, max: u32) -> R<Vec<Entry>> {
-        self.count();
-        let cursor = self.table.get_mut(&this)?;
-        let batch = cursor.0.next((max as usize).min(MAX_CURSOR_BATCH));
-        wit(batch.map(|b| {
-            b.into_iter()
-                .map(|(key, value)| Entry { key, value })
-                .collect()
-        }))
-    }
-
-    fn drop(&mut self, this: Resource<CursorRes>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
-    }
-}
-
-impl Host for GuestState {
-    fn write(&mut self, batch: Vec<KeyspaceOps>, sync: bool) -> R<()> {
-        self.count_write();
-        let mut ops = Vec::with_capacity(batch.len());
-        for group in batch {
-            let ks = self.ks(&group.keyspace)?;
-            let group_ops = group
-                .ops
-                .into_iter()
-                .map(|op| match op {
-                    WitOp::Put(e) => Op::Put(e.key, e.value),
-                    WitOp::Delete(k) => Op::Delete(k),
-                    WitOp::DeleteRange((s, e)) => Op::DeleteRange(s, e),
-                    WitOp::Clear => Op::Clear,
-                })
-                .collect();
-            ops.push((ks, group_ops));
-        }
-        wit(self.storage.write(ops, sync))
-    }
-
-    fn sync(&mut self) -> R<()> {
-        self.count();
-        wit(self.storage.sync())
-    }
-
-    fn create_snapshot(&mut self, name: String) -> R<()> {
-        self.count();
-        wit(self.storage.create_snapshot(&name))
-    }
-
-    fn restore_snapshot(&mut self, name: String) -> R<()> {
-        self.count_write();
-        wit(self.storage.restore_snapshot(&name))
-    }
-
-    fn drop_snapshot(&mut self, name: String) -> R<()> {
-        self.count();
-        wit(self.storage.drop_snapshot(&name))
-    }
-
-    fn list_snapshots(&mut self) -> R<Vec<String>> {
-        self.count();
-        wit(self.storage.list_snapshots())
-    }
-
-    fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
-        let store = &self.store_name;
-        match level {
-            Level::Trace => tracing::trace!(target: "txstore::guest", store, "{message}"),
-            Level::Debug => tracing::debug!(target: "txstore::guest", store, "{message}"),
-            Level::Info => tracing::info!(target: "txstore::guest", store, "{message}"),
-            Level::Warn => tracing::warn!(target: "txstore::guest", store, "{message}"),
-            Level::Error => tracing::error!(target: "txstore::guest", store, "{message}"),
-        }
-        Ok(())
     }
 }

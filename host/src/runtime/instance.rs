@@ -3,78 +3,27 @@
 //! [`CallError`]. A trapped instance cannot be called again; callers
 //! discard it and instantiate a new one.
 
-use super::bindings::exports::txstore::store::state_store as export;
+use super::bindings::{v1, v2};
+use super::exports::{
+    from_v1, Api, BorrowedCalls, DeleteManyRef1, DeleteRef, Get, GetManyPacked, OldError,
+    OldIsolation, PackedCall, PutManyRef1, PutRef, Unit, Unit1,
+};
 use super::host::GuestState;
 use super::limiter::{GuestLimiter, MemoryLimitExceeded};
-use super::{bindings, GuestComponent, Limits};
+use super::packed::{unpack_values, PackedBuf, Page};
+use super::{GuestComponent, GuestPre, Limits};
 use crate::crash::Phase;
 use crate::storage::StoreStorage;
-use anyhow::{Context as _, Result};
-use wasmtime::component::{ComponentType, Func, Instance, Lower, TypedFunc};
+use anyhow::Result;
+use v2::exports::txstore::store::state_store as export;
 use wasmtime::Store;
 
 /// Entries per `range` call when the host pages through a range.
 pub const RANGE_PAGE: usize = 1024;
 
-pub use bindings::txstore::store::types::Error as WitError;
+pub use super::exports::EntryRef;
 pub use export::{Isolation, Recovery, RecoveryAction};
-
-/// An entry of `put-many` borrowed from the caller's records: the one copy
-/// of its bytes is the one into guest memory.
-#[derive(ComponentType, Lower, Clone, Copy, Debug)]
-#[component(record)]
-pub struct EntryRef<'a> {
-    pub key: &'a [u8],
-    pub value: &'a [u8],
-}
-
-type PutManyRef<'a> = TypedFunc<(&'a [EntryRef<'a>],), (Result<(), WitError>,)>;
-type DeleteManyRef<'a> = TypedFunc<(&'a [&'a [u8]],), (Result<(), WitError>,)>;
-type PutRef<'a> = TypedFunc<(&'a [u8], &'a [u8]), (Result<(), WitError>,)>;
-type DeleteRef<'a> = TypedFunc<(&'a [u8],), (Result<(), WitError>,)>;
-
-/// The four write calls typed for borrowed arguments (the bindings
-/// take owned ones, which would cost the caller a copy of every key and
-/// value), each checked against its signature once, at instantiation.
-struct BorrowedCalls {
-    put: Func,
-    delete: Func,
-    put_many: Func,
-    delete_many: Func,
-}
-
-impl BorrowedCalls {
-    fn new(instance: &Instance, store: &mut Store<GuestState>) -> Result<Self> {
-        let put = export_func(instance, store, "put")?;
-        put.typed::<(&[u8], &[u8]), (Result<(), WitError>,)>(&*store)?;
-        let delete = export_func(instance, store, "delete")?;
-        delete.typed::<(&[u8],), (Result<(), WitError>,)>(&*store)?;
-        let put_many = export_func(instance, store, "put-many")?;
-        put_many.typed::<(&[EntryRef],), (Result<(), WitError>,)>(&*store)?;
-        let delete_many = export_func(instance, store, "delete-many")?;
-        delete_many.typed::<(&[&[u8]],), (Result<(), WitError>,)>(&*store)?;
-        Ok(Self {
-            put,
-            delete,
-            put_many,
-            delete_many,
-        })
-    }
-}
-
-/// Function `name` of the guest's `state-store` export.
-fn export_func(instance: &Instance, store: &mut Store<GuestState>, name: &str) -> Result<Func> {
-    let iface = format!("{}/state-store@{}", super::WIT_PACKAGE, super::WIT_VERSION);
-    let export = instance
-        .get_export_index(&mut *store, None, &iface)
-        .with_context(|| format!("the guest does not export {iface}"))?;
-    let func = instance
-        .get_export_index(&mut *store, Some(&export), name)
-        .with_context(|| format!("{iface} has no {name}"))?;
-    instance
-        .get_func(&mut *store, func)
-        .with_context(|| format!("{iface}#{name} is not a function"))
-}
+pub use v2::txstore::store::types::Error as WitError;
 
 /// Why a guest call failed.
 #[derive(Debug, thiserror::Error)]
@@ -129,8 +78,10 @@ pub fn describe(err: &WitError) -> String {
 /// A live guest instance bound to one store's storage.
 pub struct StoreInstance {
     store: Store<GuestState>,
-    api: bindings::Store,
+    api: Api,
     borrowed: BorrowedCalls,
+    /// Where a 0.2.0 batch is packed before it is lowered (kept for reuse).
+    scratch: PackedBuf,
     label: String,
     limits: Limits,
     /// Why this instance takes no more calls: it trapped, or its commit
@@ -156,13 +107,22 @@ impl StoreInstance {
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(u64::MAX / 2);
         store.epoch_deadline_trap();
-        let instance = guest.pre.instance_pre().instantiate(&mut store)?;
-        let api = bindings::Store::new(&mut store, &instance)?;
-        let borrowed = BorrowedCalls::new(&instance, &mut store)?;
+        let (api, instance) = match &guest.pre {
+            GuestPre::V1(pre) => {
+                let instance = pre.instance_pre().instantiate(&mut store)?;
+                (Api::V1(v1::Store::new(&mut store, &instance)?), instance)
+            }
+            GuestPre::V2(pre) => {
+                let instance = pre.instance_pre().instantiate(&mut store)?;
+                (Api::V2(v2::Store::new(&mut store, &instance)?), instance)
+            }
+        };
+        let borrowed = BorrowedCalls::new(&instance, &mut store, guest.version)?;
         Ok(Self {
             store,
             api,
             borrowed,
+            scratch: PackedBuf::default(),
             label: guest.label.clone(),
             limits: limits.clone(),
             dead: None,
@@ -180,7 +140,7 @@ impl StoreInstance {
         &mut self,
         func: &'static str,
         phase: Phase,
-        f: impl FnOnce(&export::Guest, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
+        f: impl FnOnce(&Api, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
     ) -> Result<T, CallError> {
         *self.calls.entry(func).or_default() += 1;
         if let Some(why) = self.dead {
@@ -188,7 +148,7 @@ impl StoreInstance {
         }
         self.store.set_epoch_deadline(self.limits.call_ticks());
         self.store.data_mut().phase = phase;
-        let result = f(self.api.txstore_store_state_store(), &mut self.store);
+        let result = f(&self.api, &mut self.store);
         self.store.data_mut().phase = Phase::Other;
         match result {
             Ok(Ok(v)) => Ok(v),
@@ -227,24 +187,49 @@ impl StoreInstance {
     }
 
     pub fn init(&mut self, options: &[(String, String)]) -> Result<(), CallError> {
-        self.call("init", Phase::Other, |g, s| g.call_init(s, options))
+        self.call("init", Phase::Other, |api, s| match api {
+            Api::V1(g) => {
+                from_v1::answer(g.txstore_store_state_store().call_init(s, options), |()| ())
+            }
+            Api::V2(g) => g.txstore_store_state_store().call_init(s, options),
+        })
     }
 
     pub fn transactional(&mut self) -> Result<bool, CallError> {
-        self.call("transactional", Phase::Other, |g, s| {
-            g.call_transactional(s).map(Ok)
+        self.call("transactional", Phase::Other, |api, s| {
+            match api {
+                Api::V1(g) => g.txstore_store_state_store().call_transactional(s),
+                Api::V2(g) => g.txstore_store_state_store().call_transactional(s),
+            }
+            .map(Ok)
         })
     }
 
     pub fn recover(&mut self, checkpointed: Option<u64>) -> Result<Recovery, CallError> {
-        self.call("recover", Phase::Recover, |g, s| {
-            g.call_recover(s, checkpointed)
+        self.call("recover", Phase::Recover, |api, s| match api {
+            Api::V1(g) => from_v1::answer(
+                g.txstore_store_state_store().call_recover(s, checkpointed),
+                from_v1::recovery,
+            ),
+            Api::V2(g) => g.txstore_store_state_store().call_recover(s, checkpointed),
         })
     }
 
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, CallError> {
-        self.call("get", Phase::Other, |g, s| {
-            g.call_get(s, &key.to_vec(), isolation)
+        let func = self.borrowed.get;
+        self.call("get", Phase::Other, |api, s| {
+            // SAFETY: checked against these signatures in `BorrowedCalls::new`.
+            match api {
+                Api::V1(_) => {
+                    let f = unsafe { Get::<OldIsolation, OldError>::new_unchecked(func) };
+                    let r = f.call(s, (key, from_v1::isolation(isolation)));
+                    from_v1::answer(r.map(|(r,)| r), |v| v)
+                }
+                Api::V2(_) => {
+                    let f = unsafe { Get::<Isolation, WitError>::new_unchecked(func) };
+                    f.call(s, (key, isolation)).map(|(r,)| r)
+                }
+            }
         })
     }
 
@@ -253,9 +238,30 @@ impl StoreInstance {
         keys: &[Vec<u8>],
         isolation: Isolation,
     ) -> Result<Vec<Option<Vec<u8>>>, CallError> {
-        self.call("get-many", Phase::Other, |g, s| {
-            g.call_get_many(s, keys, isolation)
-        })
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let func = self.borrowed.get_many;
+        let result = self.call("get-many", Phase::Other, |api, s| match (api, func) {
+            (Api::V1(g), _) => from_v1::answer(
+                g.txstore_store_state_store()
+                    .call_get_many(s, keys, from_v1::isolation(isolation)),
+                |v| v,
+            ),
+            (Api::V2(_), Some(func)) => {
+                for k in keys {
+                    buf.push(k);
+                }
+                // SAFETY: checked against this signature in `BorrowedCalls::new`.
+                let f = unsafe { GetManyPacked::new_unchecked(func) };
+                match f.call(&mut *s, (buf.as_ref(), isolation))?.0 {
+                    Ok(answer) => unpack_values(keys.len(), answer).map(Ok),
+                    Err(e) => Ok(Err(e)),
+                }
+            }
+            (Api::V2(_), None) => unreachable!("a 0.2.0 guest has its get-many typed"),
+        });
+        self.scratch = buf;
+        result
     }
 
     /// One page of [start, end) at `isolation`, at most `limit` entries.
@@ -266,16 +272,43 @@ impl StoreInstance {
         isolation: Isolation,
         limit: u32,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        let page = self.call("range", Phase::Other, |g, s| {
-            g.call_range(
-                s,
-                start.map(<[u8]>::to_vec).as_ref(),
-                end.map(<[u8]>::to_vec).as_ref(),
-                isolation,
-                limit,
-            )
-        })?;
-        Ok(page.into_iter().map(|e| (e.key, e.value)).collect())
+        Ok(self.range_page(start, end, isolation, limit)?.to_pairs())
+    }
+
+    /// One page of [start, end) at `isolation`, at most `limit` entries,
+    /// packed as the guest returned it.
+    pub fn range_page(
+        &mut self,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        isolation: Isolation,
+        limit: u32,
+    ) -> Result<Page, CallError> {
+        let (start, end) = (start.map(<[u8]>::to_vec), end.map(<[u8]>::to_vec));
+        self.call("range", Phase::Other, |api, s| match api {
+            Api::V1(g) => from_v1::answer(
+                g.txstore_store_state_store().call_range(
+                    s,
+                    start.as_ref(),
+                    end.as_ref(),
+                    from_v1::isolation(isolation),
+                    limit,
+                ),
+                |page| Page::from_entries(page.into_iter().map(|e| (e.key, e.value))),
+            ),
+            Api::V2(g) => {
+                match g.txstore_store_state_store().call_range(
+                    s,
+                    start.as_ref(),
+                    end.as_ref(),
+                    isolation,
+                    limit,
+                )? {
+                    Ok(p) => Page::checked(p.bytes, p.ends).map(Ok),
+                    Err(e) => Ok(Err(e)),
+                }
+            }
+        })
     }
 
     /// Every entry of [start, end), paging through `range`.
@@ -297,7 +330,9 @@ impl StoreInstance {
         max: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
         let mut out = Vec::new();
-        self.range_pages(start, end, isolation, max, |page| out.extend(page))?;
+        self.range_pages(start, end, isolation, max, |page| {
+            out.extend(page.iter().map(|(k, v)| (k.to_vec(), v.to_vec())))
+        })?;
         Ok(out)
     }
 
@@ -309,7 +344,7 @@ impl StoreInstance {
         end: Option<&[u8]>,
         isolation: Isolation,
         max: usize,
-        mut each: impl FnMut(Vec<(Vec<u8>, Vec<u8>)>),
+        mut each: impl FnMut(&Page),
     ) -> Result<(), CallError> {
         let (mut read, mut next) = (0, start.map(<[u8]>::to_vec));
         loop {
@@ -317,15 +352,15 @@ impl StoreInstance {
             if want == 0 {
                 return Ok(());
             }
-            let page = self.range(next.as_deref(), end, isolation, want as u32)?;
+            let page = self.range_page(next.as_deref(), end, isolation, want as u32)?;
             let full = page.len() == want;
-            if let Some((k, _)) = page.last() {
-                let mut k = k.clone();
+            if let Some(k) = page.last_key() {
+                let mut k = k.to_vec();
                 k.push(0);
                 next = Some(k);
             }
             read += page.len();
-            each(page);
+            each(&page);
             if !full {
                 return Ok(());
             }
@@ -334,19 +369,35 @@ impl StoreInstance {
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), CallError> {
         let func = self.borrowed.put;
-        self.call("put", Phase::Other, |_, s| {
-            // SAFETY: checked against this signature in `BorrowedCalls::new`.
-            let f = unsafe { PutRef::new_unchecked(func) };
-            f.call(s, (key, value)).map(|(r,)| r)
+        self.call("put", Phase::Other, |api, s| {
+            // SAFETY: checked against these signatures in `BorrowedCalls::new`.
+            match api {
+                Api::V1(_) => {
+                    let f = unsafe { PutRef::<Unit1>::new_unchecked(func) };
+                    from_v1::answer(f.call(s, (key, value)).map(|(r,)| r), |()| ())
+                }
+                Api::V2(_) => {
+                    let f = unsafe { PutRef::<Unit>::new_unchecked(func) };
+                    f.call(s, (key, value)).map(|(r,)| r)
+                }
+            }
         })
     }
 
     pub fn delete(&mut self, key: &[u8]) -> Result<(), CallError> {
         let func = self.borrowed.delete;
-        self.call("delete", Phase::Other, |_, s| {
-            // SAFETY: checked against this signature in `BorrowedCalls::new`.
-            let f = unsafe { DeleteRef::new_unchecked(func) };
-            f.call(s, (key,)).map(|(r,)| r)
+        self.call("delete", Phase::Other, |api, s| {
+            // SAFETY: checked against these signatures in `BorrowedCalls::new`.
+            match api {
+                Api::V1(_) => {
+                    let f = unsafe { DeleteRef::<Unit1>::new_unchecked(func) };
+                    from_v1::answer(f.call(s, (key,)).map(|(r,)| r), |()| ())
+                }
+                Api::V2(_) => {
+                    let f = unsafe { DeleteRef::<Unit>::new_unchecked(func) };
+                    f.call(s, (key,)).map(|(r,)| r)
+                }
+            }
         })
     }
 
@@ -361,11 +412,26 @@ impl StoreInstance {
     /// `put-many` of entries borrowed from the caller (the task's records).
     pub fn put_entries(&mut self, entries: &[EntryRef<'_>]) -> Result<(), CallError> {
         let func = self.borrowed.put_many;
-        self.call("put-many", Phase::Other, |_, s| {
-            // SAFETY: checked against this signature in `BorrowedCalls::new`.
-            let f = unsafe { PutManyRef::new_unchecked(func) };
-            f.call(s, (entries,)).map(|(r,)| r)
-        })
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let result = self.call("put-many", Phase::Other, |api, s| match api {
+            Api::V1(_) => {
+                // SAFETY: checked against this signature in `BorrowedCalls::new`.
+                let f = unsafe { PutManyRef1::new_unchecked(func) };
+                from_v1::answer(f.call(s, (entries,)).map(|(r,)| r), |()| ())
+            }
+            Api::V2(_) => {
+                for e in entries {
+                    buf.push(e.key);
+                    buf.push(e.value);
+                }
+                // SAFETY: checked against this signature in `BorrowedCalls::new`.
+                let f = unsafe { PackedCall::new_unchecked(func) };
+                f.call(s, (buf.as_ref(),)).map(|(r,)| r)
+            }
+        });
+        self.scratch = buf;
+        result
     }
 
     pub fn delete_many(&mut self, keys: &[Vec<u8>]) -> Result<(), CallError> {
@@ -376,18 +442,39 @@ impl StoreInstance {
     /// `delete-many` of keys borrowed from the caller (the task's records).
     pub fn delete_keys(&mut self, keys: &[&[u8]]) -> Result<(), CallError> {
         let func = self.borrowed.delete_many;
-        self.call("delete-many", Phase::Other, |_, s| {
-            // SAFETY: checked against this signature in `BorrowedCalls::new`.
-            let f = unsafe { DeleteManyRef::new_unchecked(func) };
-            f.call(s, (keys,)).map(|(r,)| r)
-        })
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let result = self.call("delete-many", Phase::Other, |api, s| match api {
+            Api::V1(_) => {
+                // SAFETY: checked against this signature in `BorrowedCalls::new`.
+                let f = unsafe { DeleteManyRef1::new_unchecked(func) };
+                from_v1::answer(f.call(s, (keys,)).map(|(r,)| r), |()| ())
+            }
+            Api::V2(_) => {
+                for k in keys {
+                    buf.push(k);
+                }
+                // SAFETY: checked against this signature in `BorrowedCalls::new`.
+                let f = unsafe { PackedCall::new_unchecked(func) };
+                f.call(s, (buf.as_ref(),)).map(|(r,)| r)
+            }
+        });
+        self.scratch = buf;
+        result
     }
 
     /// After a failed commit the store may hold part of it: the host makes
     /// no further call on this instance (the task stops; the next start
     /// recovers in a new one), whatever the guest would answer.
     pub fn commit(&mut self, offset: u64) -> Result<(), CallError> {
-        let result = self.call("commit", Phase::Commit, |g, s| g.call_commit(s, offset));
+        let result = self.call("commit", Phase::Commit, |api, s| match api {
+            Api::V1(g) => {
+                from_v1::answer(g.txstore_store_state_store().call_commit(s, offset), |()| {
+                    ()
+                })
+            }
+            Api::V2(g) => g.txstore_store_state_store().call_commit(s, offset),
+        });
         if result.is_err() && self.dead.is_none() {
             self.dead = Some("its commit failed earlier; a new instance must recover the store");
         }
@@ -395,14 +482,26 @@ impl StoreInstance {
     }
 
     pub fn committed_offset(&mut self) -> Result<Option<u64>, CallError> {
-        self.call("committed-offset", Phase::Other, |g, s| {
-            g.call_committed_offset(s)
+        self.call("committed-offset", Phase::Other, |api, s| match api {
+            Api::V1(g) => from_v1::answer(
+                g.txstore_store_state_store().call_committed_offset(s),
+                |o| o,
+            ),
+            Api::V2(g) => g.txstore_store_state_store().call_committed_offset(s),
         })
     }
 
     pub fn approximate_uncommitted_bytes(&mut self) -> Result<u64, CallError> {
-        self.call("approximate-uncommitted-bytes", Phase::Other, |g, s| {
-            g.call_approximate_uncommitted_bytes(s).map(Ok)
+        self.call("approximate-uncommitted-bytes", Phase::Other, |api, s| {
+            match api {
+                Api::V1(g) => g
+                    .txstore_store_state_store()
+                    .call_approximate_uncommitted_bytes(s),
+                Api::V2(g) => g
+                    .txstore_store_state_store()
+                    .call_approximate_uncommitted_bytes(s),
+            }
+            .map(Ok)
         })
     }
 

@@ -3,9 +3,13 @@
 //! [`InstancePre`](wasmtime::component::InstancePre), each in its own
 //! `Store` with memory, table, instance and time limits.
 
+mod exports;
 pub(crate) mod host;
+mod host_v1;
+mod host_v2;
 pub(crate) mod instance;
 pub(crate) mod limiter;
+pub(crate) mod packed;
 
 pub use host::GuestState;
 pub use instance::{
@@ -20,21 +24,42 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
 pub(crate) mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "store",
-        with: {
-            "txstore:store/storage.keyspace": super::host::KeyspaceRes,
-            "txstore:store/storage.cursor": super::host::CursorRes,
-        },
-        imports: { default: trappable },
-    });
+    /// The frozen 0.1.0 store world: keys, pages and batches as lists.
+    pub(crate) mod v1 {
+        wasmtime::component::bindgen!({
+            path: "../wit/0.1.0",
+            world: "store",
+            with: {
+                "txstore:store/storage.keyspace": crate::runtime::host::KeyspaceRes,
+                "txstore:store/storage.cursor": crate::runtime::host::CursorRes,
+            },
+            imports: { default: trappable },
+        });
+    }
+
+    /// The current store world (0.2.0): keys, pages and batches packed.
+    pub(crate) mod v2 {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "store",
+            with: {
+                "txstore:store/storage.keyspace": crate::runtime::host::KeyspaceRes,
+                "txstore:store/storage.cursor": crate::runtime::host::CursorRes,
+            },
+            imports: { default: trappable },
+        });
+    }
 }
 
 /// The WIT package this host implements.
 pub const WIT_PACKAGE: &str = "txstore:store";
-/// Its version: guests must be built against exactly this one.
-pub const WIT_VERSION: &str = "0.1.0";
+/// The current version: what new guests are built against.
+pub const WIT_VERSION: &str = "0.2.0";
+/// Every version of the store world the host links, oldest first. A
+/// processor is built against 0.1.0, the version its world last changed.
+pub const STORE_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
+/// The version of the processor world.
+pub const PROCESSOR_VERSION: &str = "0.1.0";
 /// How often the epoch advances; the unit of the per-call time budget.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
@@ -131,11 +156,21 @@ pub struct LoadInfo {
     pub hash: String,
 }
 
+/// A linked guest of one WIT version.
+#[derive(Clone)]
+pub(crate) enum GuestPre {
+    V1(bindings::v1::StorePre<GuestState>),
+    V2(bindings::v2::StorePre<GuestState>),
+}
+
 /// A compiled, linked guest ready to instantiate.
 #[derive(Clone)]
 pub struct GuestComponent {
     pub label: String,
-    pre: bindings::StorePre<GuestState>,
+    pre: GuestPre,
+    /// The WIT version the guest was built against (one of
+    /// [`STORE_VERSIONS`]).
+    pub version: &'static str,
     engine: Engine,
     pub load: LoadInfo,
     /// The world's exports and imports, for `inspect`.
@@ -166,7 +201,8 @@ impl Runtime {
             .context("creating the wasmtime engine")?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-        bindings::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        bindings::v1::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        bindings::v2::Store::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
 
         // The ticker lives as long as the engine, which instances keep
         // alive after the Runtime itself is gone: it must not stop earlier,
@@ -228,14 +264,27 @@ impl Runtime {
         check_is_component(label, bytes)?;
         let hash = hex(&Sha256::digest(bytes));
         let (component, cached) = self.compile_cached(label, bytes, &hash)?;
-        let (exports, imports) = check_world(label, &self.engine, &component, World::Store)?;
+        let (exports, imports, version) =
+            check_world(label, &self.engine, &component, World::Store)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(|e| link_error(label, &format!("{e:#}")))?;
-        let pre = bindings::StorePre::new(pre)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("guest {label} does not implement txstore:store/store"))?;
+        let not_store =
+            || format!("guest {label} does not implement {WIT_PACKAGE}/store@{version}");
+        let pre = if version == WIT_VERSION {
+            GuestPre::V2(
+                bindings::v2::StorePre::new(pre)
+                    .map_err(anyhow::Error::from)
+                    .with_context(not_store)?,
+            )
+        } else {
+            GuestPre::V1(
+                bindings::v1::StorePre::new(pre)
+                    .map_err(anyhow::Error::from)
+                    .with_context(not_store)?,
+            )
+        };
         let load = LoadInfo {
             cached,
             elapsed: started.elapsed(),
@@ -244,6 +293,7 @@ impl Runtime {
         Ok(GuestComponent {
             label: label.to_string(),
             pre,
+            version,
             engine: self.engine.clone(),
             load,
             exports,
@@ -264,7 +314,7 @@ impl Runtime {
         check_is_component(label, bytes)?;
         let hash = hex(&Sha256::digest(bytes));
         let (component, cached) = self.compile_cached(label, bytes, &hash)?;
-        let (exports, imports) = check_world(label, &self.engine, &component, world)?;
+        let (exports, imports, _) = check_world(label, &self.engine, &component, world)?;
         Ok((component, cached, hash, exports, imports))
     }
 
@@ -421,8 +471,9 @@ fn check_is_component(label: &str, bytes: &[u8]) -> Result<()> {
 
 /// What the linker offers a guest, for error messages.
 const PROVIDED: &str =
-    "txstore:store/storage@0.1.0 and WASI 0.2 (cli, clocks, filesystem, io, random, \
-                        sockets; with no files, environment, network or clock)";
+    "txstore:store/storage@0.1.0 and @0.2.0, txstore:store/state@0.1.0 and WASI 0.2 \
+                        (cli, clocks, filesystem, io, random, sockets; with no files, environment, \
+                        network or clock)";
 
 /// One line for a failed link, naming the import wasmtime could not match
 /// (its message has the form "component imports instance `NAME`, but ...").
@@ -474,17 +525,25 @@ impl World {
             World::Processor => "state",
         }
     }
+
+    /// The versions of this world the host links, oldest first.
+    fn versions(self) -> &'static [&'static str] {
+        match self {
+            World::Store => STORE_VERSIONS,
+            World::Processor => &[PROCESSOR_VERSION],
+        }
+    }
 }
 
-/// Checks that the component exports our `world`'s interface at our
-/// version and imports nothing but that world's import and WASI. Returns
-/// (exports, imports).
+/// Checks that the component exports our `world`'s interface at a version
+/// the host links, all of it at that one version, and imports nothing but
+/// that world's import and WASI. Returns (exports, imports, version).
 fn check_world(
     label: &str,
     engine: &Engine,
     component: &Component,
     world: World,
-) -> Result<(Vec<String>, Vec<String>)> {
+) -> Result<(Vec<String>, Vec<String>, &'static str)> {
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
@@ -493,55 +552,30 @@ fn check_world(
         let (iface, version) = rest.split_once('@')?;
         Some((iface.to_string(), version.to_string()))
     };
-    let want = format!("{WIT_PACKAGE}@{WIT_VERSION}");
     let what = match world {
         World::Store => "guest",
         World::Processor => "processor",
     };
-    for name in exports.iter().chain(&imports) {
-        if let Some((_, version)) = ours(name) {
-            if version != WIT_VERSION {
-                bail!("{what} {label} was built against {WIT_PACKAGE}@{version}, but this host provides {want}");
-            }
-        }
-    }
+    // The kind first (a store named as a processor is told so, whatever
+    // its version), then the version.
     if !exports
         .iter()
         .any(|n| ours(n).is_some_and(|(i, _)| i == world.export()))
     {
-        let other = match world {
-            World::Store => World::Processor,
-            World::Processor => World::Store,
-        };
-        let hint = if exports
-            .iter()
-            .any(|n| ours(n).is_some_and(|(i, _)| i == other.export()))
-        {
-            format!(
-                " it is a {} component: name it in {}",
-                other.name(),
-                match other {
-                    World::Store => "store.guest",
-                    World::Processor => "task.processor",
-                }
-            )
-        } else {
-            format!(" build it against the `{}` world of wit/", world.name())
-        };
         bail!(
-            "{what} {label} does not export {WIT_PACKAGE}/{}@{WIT_VERSION} (it exports: {});{hint}",
+            "{what} {label} does not export {WIT_PACKAGE}/{}@{} (it exports: {});{}",
             world.export(),
+            world.versions()[world.versions().len() - 1],
             if exports.is_empty() {
                 "nothing".to_string()
             } else {
                 exports.join(", ")
-            }
+            },
+            other_world_hint(world, &exports, &ours)
         );
     }
-    let provided = format!(
-        "{WIT_PACKAGE}/{}@{WIT_VERSION} and WASI 0.2",
-        world.import()
-    );
+    let version = built_against(label, what, world, exports.iter().chain(&imports), &ours)?;
+    let provided = format!("{WIT_PACKAGE}/{}@{version} and WASI 0.2", world.import());
     for name in &imports {
         let allowed = match ours(name) {
             Some((iface, _)) => iface == world.import() || iface == "types",
@@ -551,7 +585,73 @@ fn check_world(
             bail!("{what} {label} imports `{name}`, which this host does not provide to a {} component; it links only {provided}", world.name());
         }
     }
-    Ok((exports, imports))
+    Ok((exports, imports, version))
+}
+
+/// What to do about a component that does not export `world`'s interface:
+/// name it where its own world belongs, or build it against `world`.
+fn other_world_hint(
+    world: World,
+    exports: &[String],
+    ours: &dyn Fn(&str) -> Option<(String, String)>,
+) -> String {
+    let other = match world {
+        World::Store => World::Processor,
+        World::Processor => World::Store,
+    };
+    if exports
+        .iter()
+        .any(|n| ours(n).is_some_and(|(i, _)| i == other.export()))
+    {
+        format!(
+            " it is a {} component: name it in {}",
+            other.name(),
+            match other {
+                World::Store => "store.guest",
+                World::Processor => "task.processor",
+            }
+        )
+    } else {
+        format!(" build it against the `{}` world of wit/", world.name())
+    }
+}
+
+/// The one version of `world` that every name of our package in `names`
+/// has; refused when one is a version the host does not link, or when
+/// they mix two.
+fn built_against<'a>(
+    label: &str,
+    what: &str,
+    world: World,
+    names: impl Iterator<Item = &'a String>,
+    ours: &dyn Fn(&str) -> Option<(String, String)>,
+) -> Result<&'static str> {
+    let versions = world.versions();
+    let mut found: Option<&'static str> = None;
+    for name in names {
+        let Some((_, version)) = ours(name) else {
+            continue;
+        };
+        let Some(known) = versions.iter().copied().find(|v| *v == version) else {
+            let want = versions
+                .iter()
+                .map(|v| format!("{WIT_PACKAGE}@{v}"))
+                .collect::<Vec<_>>()
+                .join(" and ");
+            bail!(
+                "{what} {label} was built against {WIT_PACKAGE}@{version}, but this host provides {want} \
+                 for a {} component",
+                world.name()
+            );
+        };
+        match found {
+            Some(v) if v != known => bail!(
+                "{what} {label} mixes {WIT_PACKAGE}@{v} and @{known}: build it against one version"
+            ),
+            _ => found = Some(known),
+        }
+    }
+    Ok(found.unwrap_or(versions[versions.len() - 1]))
 }
 
 impl GuestComponent {

@@ -67,18 +67,15 @@ fn changelog_kind(config: &Config) -> &'static str {
     }
 }
 
-/// The manifest this config and guest would write.
-pub fn expected(config: &Config, guest_sha256: &str) -> Manifest {
+/// The manifest this config and guest (built against WIT `wit_version`)
+/// would write.
+pub fn expected(config: &Config, guest_sha256: &str, wit_version: &str) -> Manifest {
     Manifest {
         format: FORMAT,
         store: config.store.name.clone(),
         guest: strategy(&config.store.guest),
         guest_sha256: guest_sha256.to_string(),
-        wit: format!(
-            "{}@{}",
-            crate::runtime::WIT_PACKAGE,
-            crate::runtime::WIT_VERSION
-        ),
+        wit: format!("{}@{wit_version}", crate::runtime::WIT_PACKAGE),
         changelog: changelog_kind(config).to_string(),
     }
 }
@@ -116,9 +113,14 @@ pub fn write_to(file: &Path, m: &Manifest) -> Result<()> {
 /// Checks that `config` may open the store in its state directory, before
 /// anything in it changes; writes or updates the manifest. `existing` says
 /// whether the directory already held a store.
-pub fn check(config: &Config, guest_sha256: &str, existing: bool) -> Result<Checked> {
+pub fn check(
+    config: &Config,
+    guest_sha256: &str,
+    wit_version: &str,
+    existing: bool,
+) -> Result<Checked> {
     let dir = config.state_dir();
-    let want = expected(config, guest_sha256);
+    let want = expected(config, guest_sha256, wit_version);
     let Some(have) = read(&dir)? else {
         write(&dir, &want)?;
         return Ok(if existing {
@@ -162,16 +164,26 @@ pub fn check(config: &Config, guest_sha256: &str, existing: bool) -> Result<Chec
             have.changelog
         );
     }
-    if have.wit != want.wit {
+    // The WIT version is the guest's calling convention, not its data
+    // layout (that is the strategy's, checked above): a store made by a
+    // build against any version this host links opens as a new build.
+    let known = crate::runtime::STORE_VERSIONS
+        .iter()
+        .any(|v| have.wit == format!("{}@{v}", crate::runtime::WIT_PACKAGE));
+    if !known {
         bail!(
-            "store `{}` in {} was made by a guest built against {}, this host speaks {}",
+            "store `{}` in {} was made by a guest built against {}, this host links {}",
             have.store,
             dir.display(),
             have.wit,
-            want.wit
+            crate::runtime::STORE_VERSIONS
+                .iter()
+                .map(|v| format!("{}@{v}", crate::runtime::WIT_PACKAGE))
+                .collect::<Vec<_>>()
+                .join(" and ")
         );
     }
-    if have.guest_sha256 != want.guest_sha256 {
+    if have.guest_sha256 != want.guest_sha256 || have.wit != want.wit {
         write(&dir, &want)?;
         return Ok(Checked::NewBuild {
             from: have.guest_sha256,
@@ -179,4 +191,44 @@ pub fn check(config: &Config, guest_sha256: &str, existing: bool) -> Result<Chec
         });
     }
     Ok(Checked::Same)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path) -> Config {
+        let text = "[store]\nguest = \"roll-back\"\nstate_dir = \"s\"\n";
+        let config = Config::parse(text, "c.toml", dir).unwrap();
+        std::fs::create_dir_all(config.state_dir()).unwrap();
+        config
+    }
+
+    /// The WIT version is how a guest is called, not how its data is laid
+    /// out: a build of the same strategy against the other linked version
+    /// opens the store (recorded as a new build); an unknown one does not.
+    #[test]
+    fn a_store_opens_with_its_strategy_built_against_either_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path());
+        assert_eq!(check(&c, "aa", "0.1.0", false).unwrap(), Checked::Created);
+        assert_eq!(check(&c, "aa", "0.1.0", true).unwrap(), Checked::Same);
+        assert!(matches!(
+            check(&c, "bb", "0.2.0", true).unwrap(),
+            Checked::NewBuild { .. }
+        ));
+        assert_eq!(
+            read(&c.state_dir()).unwrap().unwrap().wit,
+            "txstore:store@0.2.0"
+        );
+        let mut m = read(&c.state_dir()).unwrap().unwrap();
+        m.wit = "txstore:store@0.9.0".into();
+        write(&c.state_dir(), &m).unwrap();
+        let err = check(&c, "bb", "0.2.0", true).unwrap_err().to_string();
+        assert!(
+            err.contains("built against txstore:store@0.9.0")
+                && err.contains("links txstore:store@0.1.0 and txstore:store@0.2.0"),
+            "{err}"
+        );
+    }
 }

@@ -262,7 +262,7 @@ fn build(
     // RocksDB fsyncs its own files and `db/`; `store/` was made by us.
     crate::file::sync_dir(&new_dir.join("store"))?;
     crate::file::sync_dir(&new_dir)?;
-    let mut m = manifest::expected(config, &target.load.hash);
+    let mut m = manifest::expected(config, &target.load.hash, target.version);
     m.guest = to_name.to_string();
     manifest::write_to(&new_dir.join(manifest::FILE), &m)?;
     crash::step("migrate-built");

@@ -13,7 +13,7 @@ use crate::config::{BackendKind, Config, Guarantee};
 use crate::crash;
 use crate::error::{marked, Kind};
 use crate::file::lock_dir;
-use crate::runtime::{Recovery, RecoveryAction, Runtime};
+use crate::runtime::{GuestComponent, Recovery, RecoveryAction, Runtime};
 use crate::storage::{Backend, MemoryBackend, PowerBackend, RocksBackend};
 use anyhow::{bail, Context as _, Result};
 use std::path::Path;
@@ -101,7 +101,7 @@ impl Task {
             Some(p) => p,
             None => processor_for(config, runtime)?,
         };
-        let lock = claim_state_dir(config, &guest.load.hash)?;
+        let lock = claim_state_dir(config, &guest)?;
         let backend = open_backend(config)?;
         let storage = backend.open_store(&config.store.name)?;
         let mut instance = guest.instantiate(storage, &config.store.name, &config.limits)?;
@@ -288,7 +288,7 @@ fn refuse_job_of_partitions(config: &Config) -> Result<()> {
 /// interrupted, and checks the manifest against the guest (`hash`): another
 /// guest or store name would find the data missing or wrong and recover as
 /// if clean, so it is refused before anything changes.
-fn claim_state_dir(config: &Config, hash: &str) -> Result<std::fs::File> {
+fn claim_state_dir(config: &Config, guest: &GuestComponent) -> Result<std::fs::File> {
     let state_dir = config.state_dir();
     let existing = state_dir.join("store").exists() || config.changelog_dir().exists();
     crate::file::attach(&state_dir);
@@ -301,7 +301,7 @@ fn claim_state_dir(config: &Config, hash: &str) -> Result<std::fs::File> {
             state_dir.display()
         );
     }
-    match manifest::check(config, hash, existing)? {
+    match manifest::check(config, &guest.load.hash, guest.version, existing)? {
         manifest::Checked::NewBuild { from, to } => tracing::warn!(
             "guest {} changed since the store was last opened (sha256 {}.. -> {}..): same strategy, opening",
             config.store.guest,

@@ -450,13 +450,13 @@ fn page(
     let mut bytes = 0;
     let mut full = false;
     task.store()
-        .range_pages(from, to, isolation, want, |entries| {
-            for (k, v) in entries {
+        .range_pages(from, to, isolation, want, |page| {
+            for (k, v) in page.iter() {
                 if full {
                     return;
                 }
                 bytes += k.len() + v.len();
-                out.push((k, v));
+                out.push((k.to_vec(), v.to_vec()));
                 full = bytes >= MAX_PAGE_BYTES;
             }
         })?;

@@ -19,7 +19,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub(crate) mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/0.1.0",
         world: "processor",
         imports: { default: trappable },
     });

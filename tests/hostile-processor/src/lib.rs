@@ -12,7 +12,7 @@
 //!   producer sends by default);
 //! - `state-in-init` as an option: calls `state` from `init`.
 
-wit_bindgen::generate!({ path: "../../wit", world: "processor" });
+wit_bindgen::generate!({ path: "../../wit/0.1.0", world: "processor" });
 
 use exports::txstore::store::record_processor::{Guest, Input, Output};
 use txstore::store::state;

@@ -2,7 +2,7 @@
 //! with switchable bugs; without features it is correct, and the tests
 //! check that the conformance suite accepts it so.
 
-wit_bindgen::generate!({ path: "../../wit", world: "store" });
+wit_bindgen::generate!({ path: "../../wit/0.1.0", world: "store" });
 
 use exports::txstore::store::state_store::{Guest, Isolation, Recovery, RecoveryAction};
 use std::cell::RefCell;
