@@ -2,7 +2,7 @@
 //! (`write_calls!`), and writes held in guest memory until a flush
 //! (`Pending`).
 
-use crate::{Entry, Error, Op, Packed};
+use crate::{storage, Entry, Error, Keyspace, KeyspaceOps, Op, Packed};
 
 /// Uncommitted writes held in guest memory until there are enough to hand
 /// to storage in one call: a host call per write is most of what a guest
@@ -110,6 +110,17 @@ impl Writes {
             Writes::Delete(key) => Op::Delete(key),
             Writes::PutMany(p) => Op::PutMany(p),
             Writes::DeleteMany(p) => Op::DeleteMany(p),
+        }
+    }
+
+    /// Applies these writes to `ks` with the cheapest storage call for
+    /// their shape: a single put or delete as itself (two byte strings
+    /// lowered, no batch to build and lift), a batch as one `write`.
+    pub fn apply_to(self, ks: &Keyspace) -> Result<(), Error> {
+        match self {
+            Writes::Put(key, value) => ks.put(&key, &value),
+            Writes::Delete(key) => ks.delete(&key),
+            many => storage::write(&[KeyspaceOps { keyspace: ks, ops: vec![many.into_op()] }], false),
         }
     }
 

@@ -24,7 +24,7 @@ static STORE: Slot<Store> = Slot::new();
 impl Store {
     fn write(&mut self, writes: Writes) -> Result<(), Error> {
         let bytes = writes.bytes();
-        storage::write(&[KeyspaceOps { keyspace: &self.data, ops: vec![writes.into_op()] }], false)?;
+        writes.apply_to(&self.data)?;
         self.uncommitted_bytes += bytes;
         Ok(())
     }
