@@ -21,12 +21,17 @@ fn main() {
         guests.join("Cargo.lock").display()
     );
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
+    // Every crate under guests/, the libraries the guests share (the kit)
+    // as much as the guests: a change to the kit alone changes them all.
+    for entry in std::fs::read_dir(&guests).expect("guests/ directory") {
+        let dir = entry.unwrap().path();
+        if dir.join("Cargo.toml").exists() {
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
+    }
 
     ensure_target();
     let crates = guest_crates(&guests);
-    for (_, dir) in &crates {
-        println!("cargo:rerun-if-changed={}", dir.display());
-    }
 
     let target_dir = out_dir.join("guests-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

@@ -40,6 +40,14 @@ impl Pending {
     pub fn is_empty(&self) -> bool {
         self.calls.iter().all(Writes::is_empty)
     }
+
+    /// The latest held write of `key`: `Some(Some(value))`, `Some(None)`
+    /// for a delete, `None` when no held write touches it. A read answered
+    /// here needs no flush, so a get between writes leaves the batch whole
+    /// (at most `MAX_WRITES` plus one call's writes are searched).
+    pub fn latest(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.calls.iter().rev().find_map(|call| call.iter().filter(|(k, _)| *k == key).last().map(|(_, v)| v))
+    }
 }
 
 /// One uncommitted write: a key and its new value, or `None` for a delete.
@@ -223,6 +231,24 @@ mod tests {
                 vec![w("z", None), w("", None)],
             ]
         );
+    }
+
+    #[test]
+    fn the_latest_held_write_of_a_key_answers_a_read() {
+        let mut p = Pending::default();
+        assert_eq!(p.latest(b"a"), None);
+        p.push(Writes::Put(b"a".to_vec(), b"1".to_vec()));
+        p.push(Writes::put_many(packed(&["b", "2", "a", "3", "a", ""])).unwrap());
+        p.push(Writes::Delete(b"b".to_vec()));
+        p.push(Writes::delete_many(packed(&["c"])).unwrap());
+        assert_eq!(p.latest(b"a"), Some(Some(&b""[..])));
+        assert_eq!(p.latest(b"b"), Some(None));
+        assert_eq!(p.latest(b"c"), Some(None));
+        assert_eq!(p.latest(b"d"), None);
+        p.push(Writes::Put(b"b".to_vec(), b"4".to_vec()));
+        assert_eq!(p.latest(b"b"), Some(Some(&b"4"[..])));
+        p.take();
+        assert_eq!(p.latest(b"a"), None);
     }
 
     #[test]

@@ -137,10 +137,11 @@ impl Guest for RollBackSnapshot {
 
     fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
         STORE.with(|s| match isolation {
-            Isolation::ReadUncommitted => {
-                s.flush()?;
-                s.main.get(&key)
-            }
+            // A held write answers without a flush; the rest is in `main`.
+            Isolation::ReadUncommitted => match s.pending.latest(&key) {
+                Some(held) => Ok(held.map(<[u8]>::to_vec)),
+                None => s.main.get(&key),
+            },
             Isolation::ReadCommitted => s.committed_get(&key),
         })
     }

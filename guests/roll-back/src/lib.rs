@@ -9,8 +9,9 @@
 //! Read-committed reads see through the undo log: a key written in the
 //! open transaction reads its prior value from `undo`.
 //!
-//! Writes wait in guest memory and reach storage 256 at a time (before any
-//! read-uncommitted read and before commit): one read of the prior values
+//! Writes wait in guest memory and reach storage 256 at a time (before a
+//! read-uncommitted `get-many` or `range` and before commit; a `get` of a
+//! held key is answered from memory): one read of the prior values
 //! and one atomic batch per flush, instead of two host calls per write.
 //! Until then `main` holds the committed value, so read-committed reads of
 //! a pending key are right without a flush.
@@ -139,10 +140,11 @@ impl Guest for RollBack {
 
     fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
         STORE.with(|s| match isolation {
-            Isolation::ReadUncommitted => {
-                s.flush()?;
-                s.main.get(&key)
-            }
+            // A held write answers without a flush; the rest is in `main`.
+            Isolation::ReadUncommitted => match s.pending.latest(&key) {
+                Some(held) => Ok(held.map(<[u8]>::to_vec)),
+                None => s.main.get(&key),
+            },
             Isolation::ReadCommitted => s.committed_get(&key),
         })
     }

@@ -16,7 +16,8 @@
 //! per key on commit and a per-key delete to empty the temporary store.
 //! Here the copy moves 1024 entries per call and the clear is one range
 //! deletion; writes wait in guest memory and reach `temp` 256 at a time
-//! (before any read-uncommitted read and before commit).
+//! (before a read-uncommitted `get-many` or `range` and before commit; a
+//! `get` of a held key is answered from memory).
 
 use txstore_guest_kit::{
     apply_tagged, check_options, check_range, export_store, merge, put_u64, read_range, read_u64, recovered, storage,
@@ -157,7 +158,10 @@ impl Guest for RollForward {
     fn get(key: Vec<u8>, isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
         STORE.with(|s| {
             if isolation == Isolation::ReadUncommitted {
-                s.flush()?;
+                // A held write answers without a flush; then `temp`.
+                if let Some(held) = s.pending.latest(&key) {
+                    return Ok(held.map(<[u8]>::to_vec));
+                }
                 if let Some(t) = s.temp.get(&key)? {
                     return untag(t);
                 }
