@@ -150,7 +150,7 @@ impl GuestState {
     pub(super) fn get_many(
         &mut self,
         this: &Resource<KeyspaceRes>,
-        keys: &[Vec<u8>],
+        keys: &[&[u8]],
     ) -> Answer<Vec<Option<Vec<u8>>>> {
         self.count();
         let ks = self.ks(this)?;

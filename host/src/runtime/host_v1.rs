@@ -49,6 +49,7 @@ impl HostKeyspace for GuestState {
         this: Resource<KeyspaceRes>,
         keys: Vec<Vec<u8>>,
     ) -> R<Vec<Option<Vec<u8>>>> {
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         wit(GuestState::get_many(self, &this, &keys))
     }
 

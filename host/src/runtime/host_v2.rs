@@ -68,8 +68,9 @@ impl HostKeyspace for GuestState {
     }
 
     fn get_many(&mut self, this: Resource<KeyspaceRes>, keys: Packed) -> R<MaybeValues> {
-        let keys: Vec<Vec<u8>> = match unpack("get-many", &keys, 1) {
-            Ok(keys) => keys.map(<[u8]>::to_vec).collect(),
+        // Slices of the guest's one buffer: no copy of a key of its own.
+        let keys: Vec<&[u8]> = match unpack("get-many", &keys, 1) {
+            Ok(keys) => keys.collect(),
             Err(e) => return Ok(Err(e)),
         };
         let answers = GuestState::get_many(self, &this, &keys);

@@ -97,7 +97,7 @@ pub trait StoreStorage: Send {
     /// The names of every keyspace this store has ever created.
     fn keyspaces(&self) -> Result<Vec<String>>;
     fn get(&self, ks: KeyspaceId, key: &[u8]) -> Result<Option<Vec<u8>>>;
-    fn get_many(&self, ks: KeyspaceId, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn get_many(&self, ks: KeyspaceId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         keys.iter().map(|k| self.get(ks, k)).collect()
     }
     fn put(&mut self, ks: KeyspaceId, key: &[u8], value: &[u8]) -> Result<()>;

@@ -325,7 +325,7 @@ impl StoreStorage for PowerStorage {
         self.lock().stores[self.index].get(ks, key)
     }
 
-    fn get_many(&self, ks: KeyspaceId, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn get_many(&self, ks: KeyspaceId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         self.lock().stores[self.index].get_many(ks, keys)
     }
 

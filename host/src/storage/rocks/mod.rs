@@ -361,7 +361,7 @@ impl StoreStorage for RocksStore {
         Ok(self.db.get_cf(&self.cf(ks)?, key)?)
     }
 
-    fn get_many(&self, ks: KeyspaceId, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn get_many(&self, ks: KeyspaceId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         self.health.before_read()?;
         let cf = self.cf(ks)?;
         self.db
