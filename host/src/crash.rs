@@ -30,6 +30,9 @@ use std::sync::{Mutex, OnceLock};
 /// The protocol steps, in the order one commit reaches them.
 pub const STEPS: &[&str] = &[
     "after-write",
+    // The task's write cache reached the guest in one call, and its
+    // records the changelog's open transaction.
+    "after-flush",
     // A file output's index line is appended (in the page cache), not yet
     // fsynced: a power cut may leave it torn.
     "before-output-index-sync",

@@ -116,7 +116,7 @@ fn io_errors_stop_with_one_line_and_the_next_start_recovers() {
         ("roll-back", "write-short:6", "input/output error"),
         ("roll-forward", "rename:1", "rename"),
         ("buffered", "storage-sync:3", "storage"),
-        ("roll-back", "storage-write:40", "storage"),
+        ("roll-back", "storage-write:20", "storage"),
         ("roll-forward", "storage-read:50", "storage read"),
     ] {
         let dir = tempfile::tempdir().unwrap();

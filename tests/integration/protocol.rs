@@ -105,6 +105,7 @@ pub fn crash_and_finish(
 /// that need state to act on are preceded by a crash that makes some.
 pub const SCENARIOS: &[&[&str]] = &[
     &["after-write@700"],
+    &["after-flush@5"],
     &["after-changelog-commit@5"],
     &["after-store-commit@5"],
     &["after-checkpoint"],

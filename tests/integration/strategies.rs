@@ -4,7 +4,7 @@
 //! it finishes, checked against `tr | sort | uniq -c`; isolation levels;
 //! buffered's memory bound.
 
-use crate::common::{ok, recover_json, runtime, txstore, txstore_env, write_config};
+use crate::common::{ok, planted, recover_json, runtime, txstore, txstore_env, write_config};
 use crate::kv::open;
 use crate::protocol::{input, run_crashing, run_to_end, shell_count, store_counts};
 use std::path::{Path, PathBuf};
@@ -32,6 +32,8 @@ pub const SCENARIOS: &[&[&str]] = &[
     &["after-store-commit@2"],
     &["after-checkpoint"],
     &["after-changelog-commit@2", "during-restore"],
+    // The task's write cache just reached the guest, uncommitted.
+    &["after-flush@3"],
     &[
         "after-changelog-commit",
         "after-store-commit@2",
@@ -119,8 +121,13 @@ fn crash_everywhere(guest: &str, points: &[String], recover_sweep: bool) -> u64 
 
 /// The whole sweep for one guest (a built-in name or a `.wasm` path).
 pub fn sweep(guest: &str) {
+    sweep_in(guest, SCENARIOS);
+}
+
+/// [`sweep`] over `scenarios`.
+fn sweep_in(guest: &str, scenarios: &[&[&str]]) {
     let mut crashes = 0;
-    for points in SCENARIOS {
+    for points in scenarios {
         let points: Vec<String> = points.iter().map(|p| p.to_string()).collect();
         crashes += crash_everywhere(guest, &points, true);
     }
@@ -133,6 +140,22 @@ pub fn sweep(guest: &str) {
         crashes += crash_everywhere(guest, &[format!("commit-call:{n}")], true);
     }
     eprintln!("{guest}: {crashes} crashes, {calls} commit-call points, exact counts after each");
+}
+
+/// A guest may refuse the task's write cache as one batch (the contract
+/// asks only that it take any single write when it holds nothing): the
+/// cached records then go one by one, each with its own boundary for an
+/// early commit, exact under every crash. Without that path the run stops
+/// at its first commit. (No batch reaches it whole, so no `after-flush`.)
+#[test]
+fn a_guest_that_refuses_batches_gets_the_cache_record_by_record() {
+    let wasm = planted(Some("small-batches"));
+    let scenarios: Vec<&[&str]> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| !s.iter().any(|p| p.starts_with("after-flush")))
+        .collect();
+    sweep_in(wasm.to_str().unwrap(), &scenarios);
 }
 
 #[test]
@@ -292,6 +315,9 @@ fn buffered_commits_early_and_bounds_its_memory() {
     config.task.commit_interval_records = u64::MAX;
     config.task.commit_interval_ms = u64::MAX;
     config.task.max_uncommitted_bytes = u64::MAX; // only the guest's own limit
+                                                  // buffered takes any one call when it holds nothing: a cache flush
+                                                  // bigger than its limit would go in whole (docs/configuration.md).
+    config.task.max_cache_bytes = LIMIT / 4;
     let (mut task, _) = Task::open(&config, runtime()).unwrap();
     let at_open = task.guest_peak_memory_bytes();
     let bytes = std::fs::read(&text).unwrap();

@@ -78,6 +78,12 @@ pub struct TaskConfig {
     /// `uncommitted_max_bytes`, still accepted with a warning.
     #[serde(alias = "uncommitted_max_bytes")]
     pub max_uncommitted_bytes: u64,
+    /// The host's write cache in front of the guest (Kafka Streams'
+    /// `statestore.cache.max.bytes`): records' writes wait there, each
+    /// key's latest only, and reach the guest in one call when it fills,
+    /// at a commit, or when a record needs the other kind of write. 0
+    /// hands each record's writes over at once.
+    pub max_cache_bytes: u64,
     /// After a guest trap or limit breach, `txstore run` discards the
     /// instance and restarts from recovery up to this many times; 0 stops
     /// with the error.
@@ -96,6 +102,7 @@ impl Default for TaskConfig {
             commit_interval_records: 10_000,
             commit_interval_ms: 100,
             max_uncommitted_bytes: 64 << 20,
+            max_cache_bytes: 1 << 20,
             restarts_on_guest_failure: 0,
         }
     }

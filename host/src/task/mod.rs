@@ -10,6 +10,7 @@
 
 mod apply;
 pub mod builder;
+mod cache;
 pub mod feed;
 pub mod manifest;
 pub mod migrate;
@@ -32,6 +33,7 @@ pub use apply::WriteCalls;
 pub use builder::TaskBuilder;
 pub use processor::{Context, Input, Processor};
 pub use recovery::{open_backend_at, RecoveryReport};
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,6 +84,11 @@ pub struct Task {
     /// Records and time since the last commit.
     pending_records: u64,
     pending_writes: u64,
+    /// Processed records' writes not yet handed to the guest.
+    cache: cache::WriteCache,
+    /// The guest's `approximate-uncommitted-bytes`, asked again only after
+    /// writes reached it.
+    guest_bytes: Option<u64>,
     last_commit: Instant,
     pub stats: TaskStats,
     /// Checkpoint after every commit (at-least-once, transactional guest).
@@ -180,11 +187,16 @@ impl Task {
     /// the input is consumed up to `position`, and the task commits when the
     /// interval or the uncommitted limit says so.
     pub fn end_record(&mut self, position: u64) -> Result<()> {
+        self.advance(position);
+        self.maybe_commit()
+    }
+
+    /// The input consumed up to `position`: one more record pending.
+    fn advance(&mut self, position: u64) {
         self.input_position = position;
         self.input_check = self.next_input_check.take().or(self.input_check);
         self.stats.records += 1;
         self.pending_records += 1;
-        self.maybe_commit()
     }
 
     #[doc(hidden)]
@@ -292,7 +304,7 @@ impl Task {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn process(&mut self, input: Input<'_>, end_position: u64) -> Result<(), Error> {
-        let mut ctx = Context::new(&mut self.instance, self.output.is_some());
+        let mut ctx = Context::new(&mut self.instance, &self.cache, self.output.is_some());
         self.processor.process(input, &mut ctx)?;
         let done = ctx.finish();
         self.finish_record(done, end_position)
@@ -323,27 +335,56 @@ impl Task {
         end_position: u64,
         f: impl FnOnce(&mut Context<'_>) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let mut ctx = Context::new(&mut self.instance, self.output.is_some());
+        let mut ctx = Context::new(&mut self.instance, &self.cache, self.output.is_some());
         f(&mut ctx)?;
         let done = ctx.finish();
         self.finish_record(done, end_position)
     }
 
-    /// Applies one record's writes and output, then ends it.
+    /// Takes one record's writes and output into the write cache (a record
+    /// with both puts and deletes goes to the guest on its own, after
+    /// what the cache holds), then ends it.
     fn finish_record(
         &mut self,
         (writes, output): (Vec<Record>, Vec<Record>),
         end_position: u64,
     ) -> Result<(), Error> {
-        self.write(&writes)?;
+        let shape = cache::shape(&writes);
+        if !self.cache.takes(shape) {
+            self.flush_cache()?;
+        }
+        if shape == cache::Shape::Mixed {
+            self.write(&writes)?;
+            self.emit(&output)?;
+            return Ok(self.end_record(end_position)?);
+        }
+        if !(self.cache.is_empty() && writes.is_empty() && output.is_empty()) {
+            let start = (self.input_position, self.input_check);
+            let end = (end_position, self.next_input_check.or(self.input_check));
+            self.stats.writes += writes.len() as u64;
+            self.pending_writes += writes.len() as u64;
+            self.cache.push(writes, output, start, end);
+            crash::step("after-write");
+        }
+        // Counted as pending before a flush: one the guest refuses commits
+        // at the cache's start, whatever came before it.
+        self.advance(end_position);
+        if self.cache.full() {
+            self.flush_cache()?;
+        }
+        Ok(self.maybe_commit()?)
+    }
+
+    /// Sends output records where the task's output goes.
+    fn emit(&mut self, output: &[Record]) -> Result<()> {
         if !output.is_empty() {
             match &mut self.output {
-                Some(Output::Changelog) => self.changelog.emit(&output)?,
-                Some(Output::File(f)) => f.emit(&output)?,
+                Some(Output::Changelog) => self.changelog.emit(output)?,
+                Some(Output::File(f)) => f.emit(output)?,
                 None => {}
             }
         }
-        Ok(self.end_record(end_position)?)
+        Ok(())
     }
 
     /// Commits if records are pending and the commit interval has passed:
@@ -378,7 +419,13 @@ impl Task {
         {
             return self.commit_inner();
         }
-        if self.instance.approximate_uncommitted_bytes()? > t.max_uncommitted_bytes {
+        let guest_bytes = match self.guest_bytes {
+            Some(b) => b,
+            None => *self
+                .guest_bytes
+                .insert(self.instance.approximate_uncommitted_bytes()?),
+        };
+        if guest_bytes + self.cache.bytes() > t.max_uncommitted_bytes {
             self.stats.early_commits += 1;
             return self.commit_inner();
         }
@@ -404,17 +451,23 @@ impl Task {
     }
 
     fn commit_inner(&mut self) -> Result<()> {
+        self.flush_cache()?;
+        self.commit_at((self.input_position, self.input_check))
+    }
+
+    /// The commit protocol at the input boundary `at`: everything the
+    /// guest and the changelog hold must belong to records before it.
+    fn commit_at(&mut self, (position, check): cache::Boundary) -> Result<()> {
         if let Some(Output::File(f)) = &mut self.output {
-            f.prepare(self.input_position)?;
+            f.prepare(position)?;
         }
-        let offset = self
-            .changelog
-            .commit(self.input_position, self.input_check)?;
+        let offset = self.changelog.commit(position, check)?;
         crash::step("after-changelog-commit");
         if let Some(Output::File(f)) = &mut self.output {
             f.published()?;
         }
         self.instance.commit(offset)?;
+        self.guest_bytes = None;
         crash::step("after-store-commit");
         if self.checkpoint_each_commit {
             self.checkpoint.write(offset)?;
@@ -531,6 +584,11 @@ impl Task {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get(&mut self, key: &[u8], isolation: Isolation) -> Result<Option<Vec<u8>>, Error> {
+        if matches!(isolation, Isolation::ReadUncommitted) {
+            if let Some(cached) = self.cache.latest(key) {
+                return Ok(cached.map(<[u8]>::to_vec));
+            }
+        }
         Ok(self.instance.get(key, isolation)?)
     }
 
@@ -555,7 +613,17 @@ impl Task {
         end: Option<&[u8]>,
         isolation: Isolation,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
-        Ok(self.instance.range_all(start, end, isolation)?)
+        let stored = self.instance.range_all(start, end, isolation)?;
+        if matches!(isolation, Isolation::ReadCommitted) || self.cache.is_empty() {
+            return Ok(stored);
+        }
+        let mut entries = stored.into_iter().collect();
+        self.cache.overlay(
+            &mut entries,
+            start.map_or(Bound::Unbounded, Bound::Included),
+            end.map_or(Bound::Unbounded, Bound::Excluded),
+        );
+        Ok(entries.into_iter().collect())
     }
 }
 

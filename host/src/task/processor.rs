@@ -11,10 +11,12 @@
 //! in the transaction of the record's input position: after a crash the
 //! record is processed again against the store as it was before it.
 
+use super::cache::WriteCache;
 use crate::changelog::Record;
 use crate::error::{marked, Error, Kind};
 use crate::runtime::{Isolation, StoreInstance};
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 /// One input record: a line of a file, or a Kafka record.
 ///
@@ -131,6 +133,8 @@ impl Error {
 /// ```
 pub struct Context<'a> {
     store: &'a mut StoreInstance,
+    /// Earlier records' writes the task holds for the guest.
+    cache: &'a WriteCache,
     /// This record's writes, in order.
     writes: Vec<Record>,
     /// Each written key's latest write, as its index in `writes`: built at
@@ -145,9 +149,14 @@ pub struct Context<'a> {
 pub const MAX_RANGE_PAGE: u32 = 4096;
 
 impl<'a> Context<'a> {
-    pub(crate) fn new(store: &'a mut StoreInstance, with_output: bool) -> Self {
+    pub(super) fn new(
+        store: &'a mut StoreInstance,
+        cache: &'a WriteCache,
+        with_output: bool,
+    ) -> Self {
         Self {
             store,
+            cache,
             writes: Vec::new(),
             latest: None,
             output: with_output.then(Vec::new),
@@ -177,6 +186,12 @@ impl<'a> Context<'a> {
             })
     }
 
+    /// The latest write of `key` the guest has not seen yet: this
+    /// record's own, else an earlier record's in the task's cache.
+    fn unseen(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.own(key).or_else(|| self.cache.latest(key))
+    }
+
     /// The value of `key`, or `None`.
     ///
     /// ```
@@ -193,8 +208,8 @@ impl<'a> Context<'a> {
     /// ```
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.index();
-        if let Some(own) = self.own(key) {
-            return Ok(own.map(<[u8]>::to_vec));
+        if let Some(unseen) = self.unseen(key) {
+            return Ok(unseen.map(<[u8]>::to_vec));
         }
         Ok(self.store.get(key, Isolation::ReadUncommitted)?)
     }
@@ -219,7 +234,7 @@ impl<'a> Context<'a> {
         self.index();
         let ask: Vec<Vec<u8>> = keys
             .iter()
-            .filter(|k| self.own(k).is_none())
+            .filter(|k| self.unseen(k).is_none())
             .cloned()
             .collect();
         let mut stored = self
@@ -228,8 +243,8 @@ impl<'a> Context<'a> {
             .into_iter();
         Ok(keys
             .iter()
-            .map(|k| match self.own(k) {
-                Some(own) => own.map(<[u8]>::to_vec),
+            .map(|k| match self.unseen(k) {
+                Some(unseen) => unseen.map(<[u8]>::to_vec),
                 None => stored.next().expect("one answer per key asked"),
             })
             .collect())
@@ -281,6 +296,15 @@ impl<'a> Context<'a> {
                 None
             };
             let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = page.into_iter().collect();
+            // Earlier records' cached writes in the window, then this
+            // record's own on top.
+            let upper = match (&window_end, end) {
+                (Some(last), _) => Bound::Included(last.as_slice()),
+                (None, Some(end)) => Bound::Excluded(end),
+                (None, None) => Bound::Unbounded,
+            };
+            let lower_cached = next.as_deref().map_or(Bound::Unbounded, Bound::Included);
+            self.cache.overlay(&mut merged, lower_cached, upper);
             let lower = match &next {
                 Some(k) => std::ops::Bound::Included(k.clone()),
                 None => std::ops::Bound::Unbounded,
@@ -517,7 +541,8 @@ mod tests {
     #[test]
     fn reads_see_the_records_own_writes() {
         let mut s = store(&[("a", "1"), ("b", "2"), ("c", "3")]);
-        let mut ctx = Context::new(&mut s, false);
+        let cache = WriteCache::new(0);
+        let mut ctx = Context::new(&mut s, &cache, false);
         ctx.put(b"b", b"20");
         ctx.delete(b"c");
         ctx.put(b"d", b"4");
@@ -560,7 +585,8 @@ mod tests {
         let keys: Vec<String> = (0..10).map(|i| format!("k{i:02}")).collect();
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
         let mut s = store(&pairs);
-        let mut ctx = Context::new(&mut s, true);
+        let cache = WriteCache::new(0);
+        let mut ctx = Context::new(&mut s, &cache, true);
         for k in &keys[..5] {
             ctx.delete(k.as_bytes());
         }

@@ -84,6 +84,8 @@ pub fn open_backend_at(kind: BackendKind, dir: &Path) -> Result<Arc<dyn Backend>
     })
 }
 
+use super::cache::WriteCache;
+
 impl Task {
     pub(super) fn open_inner(
         config: &Config,
@@ -128,6 +130,8 @@ impl Task {
             next_input_check: None,
             pending_records: 0,
             pending_writes: 0,
+            cache: WriteCache::new(config.task.max_cache_bytes),
+            guest_bytes: None,
             last_commit: Instant::now(),
             stats: TaskStats::default(),
             checkpoint_each_commit,

@@ -394,6 +394,10 @@ fn answer(task: &mut Task, request: Request) -> Result<Answer, AnswerError> {
     Ok(match request {
         Request::Get { key, committed } => {
             let key = decode(&key).map_err(client)?;
+            // The task's write cache holds the newest uncommitted writes.
+            if let Some(cached) = task.cache.latest(&key).filter(|_| !committed) {
+                return Ok(Answer::Value(cached.map(encode)));
+            }
             let value = task
                 .store()
                 .get(&key, isolation(committed))
@@ -416,6 +420,11 @@ fn answer(task: &mut Task, request: Request) -> Result<Answer, AnswerError> {
                 }
             }
             let want = limit.unwrap_or(usize::MAX).min(MAX_PAGE_ENTRIES);
+            if !committed {
+                // A scan pages through the guest: the cached writes go
+                // there first.
+                task.flush_cache().map_err(AnswerError::Task)?;
+            }
             let (entries, full) = page(
                 task,
                 from.as_deref(),

@@ -330,6 +330,8 @@ impl Guest for Planted {
     }
 
     fn put_many(entries: Vec<Entry>) -> Result<(), Error> {
+        let bytes = entries.iter().map(|e| e.key.len() + e.value.len()).sum::<usize>();
+        small_batch(entries.len(), bytes)?;
         if cfg!(feature = "hostile") {
             for e in &entries {
                 hostile::on_put(&e.key);
@@ -369,6 +371,7 @@ impl Guest for Planted {
     }
 
     fn delete_many(keys: Vec<Vec<u8>>) -> Result<(), Error> {
+        small_batch(keys.len(), keys.iter().map(Vec::len).sum())?;
         with(|s| {
             s.uncommitted += keys.iter().map(|k| k.len() as u64).sum::<u64>();
             if BUGGY_WRITES {
@@ -483,3 +486,12 @@ mod hostile {
 }
 
 export!(Planted);
+
+/// The `small-batches` guest's refusal of a call of many entries.
+fn small_batch(entries: usize, bytes: usize) -> Result<(), Error> {
+    const MAX_BATCH_BYTES: usize = 512;
+    if cfg!(feature = "small-batches") && entries > 1 && bytes > MAX_BATCH_BYTES {
+        return Err(Error::UncommittedLimit(MAX_BATCH_BYTES as u64));
+    }
+    Ok(())
+}
