@@ -6,7 +6,9 @@
 //! put `keys` records one call each (as a stream processor does), keys drawn
 //! uniformly or from a Zipf distribution (s = 0.99), committing every
 //! `commit_every` records; the default is what Kafka Streams' 100 ms commit
-//! interval gives at the native write rate measured first. Then random point
+//! interval gives at the native write rate measured first; then the uniform
+//! phase again through the task's write cache (both sides batched by it,
+//! as a task hands writes over). Then random point
 //! reads at both isolation levels and a full scan. Recovery: a child process
 //! loads a store of each size through the task, leaves one full uncommitted
 //! transaction on disk and aborts; the time to open it again is measured.
@@ -16,10 +18,12 @@ pub mod report;
 pub mod stores;
 
 use crate::changelog::Record;
+use crate::config::TaskConfig;
 use crate::config::{Config, Guarantee};
 use crate::rng::Rng;
 use crate::runtime::{GuestSource, Isolation, Limits, Runtime, StoreInstance, RANGE_PAGE};
-use crate::storage::{Backend, KeyspaceId, RocksBackend, StoreStorage};
+use crate::storage::{Backend, KeyspaceId, Op, RocksBackend, StoreStorage};
+use crate::task::cache::{Batch, WriteCache};
 use crate::task::Task;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -54,6 +58,10 @@ pub struct Figures {
     pub target: String,
     pub write_uniform_per_s: f64,
     pub write_zipf_per_s: f64,
+    /// Uniform writes through the task's write cache (1 MiB), handed over
+    /// in batches: to the guest as `put-many`, to native RocksDB as one
+    /// write batch.
+    pub write_cached_per_s: f64,
     pub read_committed_per_s: f64,
     pub read_uncommitted_per_s: f64,
     pub scan_entries_per_s: f64,
@@ -112,6 +120,39 @@ impl Target {
                 other => Ok(other?),
             },
         }
+    }
+
+    /// Hands the cache over in one call: `put-many` to a guest (after a
+    /// commit if it refuses), one write batch to native storage.
+    fn flush(
+        &mut self,
+        cache: &mut WriteCache,
+        offset: &mut u64,
+        commits: &mut Vec<Duration>,
+    ) -> Result<()> {
+        let Batch::Puts(entries) = cache.batch() else {
+            bail!("the bench writes only puts")
+        };
+        match self {
+            Target::Native { storage, ks } => {
+                let ops = entries
+                    .iter()
+                    .map(|e| Op::Put(e.key.to_vec(), e.value.to_vec()))
+                    .collect();
+                storage.write(vec![(*ks, ops)], false)?;
+            }
+            Target::Guest(g) => match g.put_entries(&entries) {
+                Err(e) if e.is_uncommitted_limit() => {
+                    drop(entries);
+                    self.commit(offset, commits)?;
+                    return self.flush(cache, offset, commits);
+                }
+                other => other?,
+            },
+        }
+        drop(entries);
+        cache.take_applied();
+        Ok(())
     }
 
     fn commit(&mut self, offset: &mut u64, commits: &mut Vec<Duration>) -> Result<()> {
@@ -223,6 +264,7 @@ fn median_figures(runs: Vec<Figures>) -> Figures {
         target: runs[0].target.clone(),
         write_uniform_per_s: of(|f| f.write_uniform_per_s),
         write_zipf_per_s: of(|f| f.write_zipf_per_s),
+        write_cached_per_s: of(|f| f.write_cached_per_s),
         read_committed_per_s: of(|f| f.read_committed_per_s),
         read_uncommitted_per_s: of(|f| f.read_uncommitted_per_s),
         scan_entries_per_s: of(|f| f.scan_entries_per_s),
@@ -284,6 +326,37 @@ fn write_phase(
     Ok((rate, commits, target))
 }
 
+/// Uniform writes through the task's write cache, committing every
+/// `commit_every` records: records/s.
+fn cached_write_phase(
+    runtime: &Runtime,
+    guest: Option<&str>,
+    options: &[(String, String)],
+    dir: &Path,
+    keys: u64,
+    commit_every: u64,
+) -> Result<f64> {
+    let (mut target, _) = open_target(runtime, guest, options, dir)?;
+    let mut cache = WriteCache::new(TaskConfig::default().max_cache_bytes);
+    let mut rng = Rng::new(keys);
+    let (mut offset, mut commits) = (0u64, Vec::new());
+    let started = Instant::now();
+    for n in 1..=keys {
+        let record = Record::Put(key(rng.below(keys)).to_vec(), vec![0x5a; VALUE_LEN]);
+        cache.push(vec![record], Vec::new(), (n - 1, None), (n, None));
+        if cache.full() {
+            target.flush(&mut cache, &mut offset, &mut commits)?;
+        }
+        if n % commit_every == 0 {
+            target.flush(&mut cache, &mut offset, &mut commits)?;
+            target.commit(&mut offset, &mut commits)?;
+        }
+    }
+    target.flush(&mut cache, &mut offset, &mut commits)?;
+    target.commit(&mut offset, &mut commits)?;
+    Ok(keys as f64 / started.elapsed().as_secs_f64())
+}
+
 /// Everything but recovery for one target.
 fn measure(
     runtime: &Runtime,
@@ -312,6 +385,15 @@ fn measure(
     )?;
     drop(zipf_target);
     f.write_zipf_per_s = rate;
+    f.write_cached_per_s = cached_write_phase(
+        runtime,
+        guest,
+        &opts.guest_options,
+        &dir.path().join("cached"),
+        opts.keys,
+        commit_every,
+    )?;
+    bar.inc(opts.keys);
     let (rate, commits, mut target) = write_phase(
         runtime,
         guest,
@@ -505,7 +587,7 @@ pub fn run(runtime: &Runtime, opts: &Options) -> Result<Report> {
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg:16} {bar:40} {pos}/{len} {elapsed}").unwrap(),
     );
-    let phases = 2 * opts.runs.max(1) as u64 * opts.keys * (1 + opts.guests.len() as u64);
+    let phases = 3 * opts.runs.max(1) as u64 * opts.keys * (1 + opts.guests.len() as u64);
     bar.set_length(phases);
     let zipf = Zipf::new(opts.keys);
     let commit_every = match opts.commit_every {

@@ -21,9 +21,9 @@ use std::ops::Bound;
 const WRITE_OVERHEAD: usize = 64;
 
 /// Where the input stands at a record boundary: position and checksum.
-pub(super) type Boundary = (u64, Option<u32>);
+pub(crate) type Boundary = (u64, Option<u32>);
 
-pub(super) struct WriteCache {
+pub(crate) struct WriteCache {
     max_bytes: usize,
     /// The cached records' writes, in order.
     writes: Vec<Record>,
@@ -48,28 +48,28 @@ struct Cached {
 }
 
 /// One cached record, taken back out for the per-record path.
-pub(super) struct CachedRecord {
+pub(crate) struct CachedRecord {
     pub start: Boundary,
     pub writes: Vec<Record>,
     pub outputs: Vec<Record>,
 }
 
 /// The guest call a flush makes: each key's latest write, in key order.
-pub(super) enum Batch<'a> {
+pub(crate) enum Batch<'a> {
     Puts(Vec<EntryRef<'a>>),
     Deletes(Vec<&'a [u8]>),
 }
 
 /// Whether a record's writes are all puts, all deletes, or both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Shape {
+pub(crate) enum Shape {
     None,
     Puts,
     Deletes,
     Mixed,
 }
 
-pub(super) fn shape(writes: &[Record]) -> Shape {
+pub(crate) fn shape(writes: &[Record]) -> Shape {
     let puts = writes
         .iter()
         .filter(|w| matches!(w, Record::Put(..)))

@@ -10,7 +10,7 @@
 
 mod apply;
 pub mod builder;
-mod cache;
+pub(crate) mod cache;
 pub mod feed;
 pub mod manifest;
 pub mod migrate;
