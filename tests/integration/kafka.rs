@@ -314,12 +314,27 @@ fn a_replay_that_cannot_prove_it_read_everything_stops() {
         return;
     };
     // The tail lost, and a hole in the middle (as a deleted segment leaves).
-    for fault in ["changelog-drop:10", "changelog-hole:1100"] {
+    for kind in ["changelog-drop", "changelog-hole"] {
         let dir = tempfile::tempdir().unwrap();
         let input = input(dir.path(), LINES);
         let topic = fresh_topic("dropped");
         let config = kafka_config(dir.path(), "buffered", bootstrap, &topic, INTERVAL);
         run_crashing(&config, "after-changelog-commit@3");
+        let fault = if kind == "changelog-hole" {
+            // Inside the last transaction, the one the replay must read
+            // (its size depends on how the write cache merged its records).
+            let c: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap)
+                .create()
+                .unwrap();
+            let (_, high) = c
+                .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+                .unwrap();
+            format!("{kind}:{}", high - 20)
+        } else {
+            format!("{kind}:10")
+        };
+        let fault = fault.as_str();
         let out = txstore_env(
             &["run", "--config", config.to_str().unwrap()],
             &[("TXSTORE_IO_ERROR", fault)],
