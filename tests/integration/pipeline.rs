@@ -281,6 +281,11 @@ impl Pipeline {
 
     /// Per output partition: (last stable offset, high watermark).
     fn output_ends(&self) -> Vec<(i64, i64)> {
+        self.ends(&self.output)
+    }
+
+    /// Per partition of `topic`: (last stable offset, high watermark).
+    fn ends(&self, topic: &str) -> Vec<(i64, i64)> {
         let ends = |isolation: &str| -> Vec<i64> {
             let c: BaseConsumer = ClientConfig::new()
                 .set("bootstrap.servers", &self.bootstrap)
@@ -289,7 +294,7 @@ impl Pipeline {
                 .unwrap();
             (0..PARTITIONS)
                 .map(|p| {
-                    c.fetch_watermarks(&self.output, p, Duration::from_secs(10))
+                    c.fetch_watermarks(topic, p, Duration::from_secs(10))
                         .map_or(-1, |w| w.1)
                 })
                 .collect()
@@ -495,6 +500,21 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
         .collect();
     let what = format!("{guest}/{processor}");
     p.wait_for_output(expected.len() / 10, Duration::from_secs(120), &what);
+    // The others' output can reach a tenth before the victim (one thread,
+    // starting as they do) has committed at all: wait for its first
+    // committed changelog transaction, so the move has state to restore.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !owned(0)
+        .iter()
+        .any(|&q| p.ends(&p.changelog).get(q as usize).is_some_and(|e| e.0 > 0))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: p0 committed nothing to the changelog in 120 s: {}",
+            p.log("p0")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut victim = children[0].take().unwrap();
     victim.kill().unwrap();
     victim.wait().unwrap();
