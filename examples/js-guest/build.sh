@@ -2,6 +2,10 @@
 # Builds js_guest.wasm from store.js with componentize-js against wit/store.wit.
 #
 #   examples/js-guest/build.sh [OUT_DIR]      (default: this directory)
+#   examples/js-guest/build.sh OUT_DIR SOURCE_DIR WIT_DIR
+#
+# The second form builds another store.js against another WIT directory (the
+# tests build tests/compat/js-guest-0.1.0 against wit/0.1.0 this way).
 #
 # Exit codes: 0 built; 3 skipped (node or componentize-js not installed);
 # anything else: the build failed.
@@ -11,8 +15,9 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-wit="$here/../../wit/0.1.0"
 out_dir="${1:-$here}"     # optional: where to put js_guest.wasm
+src="${2:-$here}"
+wit="${3:-$here/../../wit}"
 mkdir -p "$out_dir"
 out="$(cd "$out_dir" && pwd)/js_guest.wasm"
 
@@ -48,7 +53,7 @@ fi
 # traps instead of printing; store.js turns every error into a WIT `error`.)
 tmp="$out.tmp"
 trap 'rm -f "$tmp"' EXIT
-"$componentize" "$here/store.js" \
+"$componentize" "$src/store.js" \
     --wit "$wit" --world-name store \
     --disable stdio random clocks http fetch-event \
     --out "$tmp" >&2

@@ -1,5 +1,7 @@
 // js-guest: the roll-forward strategy (KIP-844's two stores) in JavaScript,
-// built into a component with componentize-js against wit/store.wit.
+// built into a component with componentize-js against wit/store.wit
+// (txstore:store@0.2.0: keys, pages and batches cross packed, see `unpack`
+// and `pack`).
 //
 // Keyspaces:
 //   main  the committed state C, plain values;
@@ -22,7 +24,7 @@
 //   no marker        -> clear temp if it holds anything, return the stored
 //                       offset, discarded or clean.
 
-import { Keyspace, write } from 'txstore:store/storage@0.1.0';
+import { Keyspace, write } from 'txstore:store/storage@0.2.0';
 
 const PUT = 1;
 const DELETE = 0;
@@ -102,6 +104,66 @@ function untag(stored) {
   throw corrupt('js-guest: the temp keyspace holds a value without a valid tag');
 }
 
+// ---- the packed types ---------------------------------------------------
+
+// The strings of a `packed` record: string i is bytes[ends[i-1], ends[i]).
+// Views into its buffer, not copies. A malformed one is refused.
+function unpack({ bytes, ends }) {
+  const out = new Array(ends.length);
+  let at = 0;
+  for (let i = 0; i < ends.length; i++) {
+    const end = ends[i];
+    if (end < at || end > bytes.length) {
+      throw witError('invalid-argument', 'js-guest: packed string ends are malformed');
+    }
+    out[i] = bytes.subarray(at, end);
+    at = end;
+  }
+  if (at !== bytes.length) throw witError('invalid-argument', 'js-guest: packed bytes run past the last end');
+  return out;
+}
+
+// Entries: key i is string 2i, its value string 2i + 1.
+function unpackEntries(packed) {
+  const strings = unpack(packed);
+  if (strings.length % 2 !== 0) throw witError('invalid-argument', 'js-guest: packed entries have an odd string count');
+  const out = new Array(strings.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = { key: strings[2 * i], value: strings[2 * i + 1] };
+  return out;
+}
+
+function pack(strings) {
+  const ends = new Uint32Array(strings.length);
+  let total = 0;
+  strings.forEach((s, i) => {
+    total += s.length;
+    ends[i] = total;
+  });
+  const bytes = new Uint8Array(total);
+  let at = 0;
+  for (const s of strings) {
+    bytes.set(s, at);
+    at += s.length;
+  }
+  return { bytes, ends };
+}
+
+const packEntries = (entries) => pack(entries.flatMap(({ key, value }) => [key, value]));
+
+// get-many answers: undefined = not found.
+const packValues = (values) => ({
+  values: pack(values.map((v) => v ?? new Uint8Array(0))),
+  found: values.map((v) => v !== undefined),
+});
+
+function unpackValues({ values, found }) {
+  const strings = unpack(values);
+  if (strings.length !== found.length) throw corrupt('js-guest: the host answered a get-many out of shape');
+  return strings.map((s, i) => (found[i] ? s : undefined));
+}
+
+const getMany = (keyspace, keys) => (keys.length === 0 ? [] : unpackValues(keyspace.getMany(pack(keys))));
+
 // ---- cursors ------------------------------------------------------------
 
 const dispose = (resource) => {
@@ -114,7 +176,7 @@ function* scan(keyspace, start, end, batch = BATCH) {
   const cursor = keyspace.scan(start, end);
   try {
     for (;;) {
-      const entries = cursor.next(batch);
+      const entries = unpackEntries(cursor.next(batch));
       if (entries.length === 0) return;
       yield* entries;
     }
@@ -144,8 +206,8 @@ class RollForward {
   // One unsynced write of tagged entries into temp.
   stage(writes) {
     if (writes.length === 0) return;
-    const ops = writes.map(([key, value]) => ({ tag: 'put', val: { key, value: tag(value) } }));
-    write([{ keyspace: this.temp, ops }], false);
+    const tagged = writes.map(([key, value]) => ({ key, value: tag(value) }));
+    write([{ keyspace: this.temp, ops: [{ tag: 'put-many', val: packEntries(tagged) }] }], false);
     for (const [key, value] of writes) {
       this.bytes += BigInt(key.length + (value === undefined ? 0 : value.length));
     }
@@ -155,16 +217,33 @@ class RollForward {
   // Copies temp into main (idempotent: every key gets its staged final
   // state), then ends the commit at `offset` in one synced batch.
   finishCommit(offset) {
-    let ops = [];
+    // Per batch of temp, one write of two ops: its puts and its deletes,
+    // packed (temp's keys are distinct, so their order does not matter).
+    let puts = [];
+    let deletes = [];
+    const flush = () => {
+      write(
+        [
+          {
+            keyspace: this.main,
+            ops: [
+              { tag: 'put-many', val: packEntries(puts) },
+              { tag: 'delete-many', val: pack(deletes) },
+            ],
+          },
+        ],
+        false,
+      );
+      puts = [];
+      deletes = [];
+    };
     for (const { key, value } of scan(this.temp)) {
       const staged = untag(value);
-      ops.push(staged.deleted ? { tag: 'delete', val: key } : { tag: 'put', val: { key, value: staged.value } });
-      if (ops.length === BATCH) {
-        write([{ keyspace: this.main, ops }], false);
-        ops = [];
-      }
+      if (staged.deleted) deletes.push(key);
+      else puts.push({ key, value: staged.value });
+      if (puts.length + deletes.length === BATCH) flush();
     }
-    if (ops.length > 0) write([{ keyspace: this.main, ops }], false);
+    if (puts.length + deletes.length > 0) flush();
     write(
       [
         { keyspace: this.temp, ops: [{ tag: 'clear' }] },
@@ -225,10 +304,10 @@ class RollForward {
   }
 
   getMany(keys, isolation) {
-    if (isolation !== 'read-uncommitted') return this.main.getMany(keys);
-    const staged = this.temp.getMany(keys);
+    if (isolation !== 'read-uncommitted') return getMany(this.main, keys);
+    const staged = getMany(this.temp, keys);
     const misses = keys.filter((_, i) => staged[i] === undefined);
-    const committed = misses.length > 0 ? this.main.getMany(misses) : [];
+    const committed = getMany(this.main, misses);
     let next = 0;
     return staged.map((stored) => {
       if (stored === undefined) return committed[next++];
@@ -278,7 +357,7 @@ class RollForward {
   }
 }
 
-// ---- the export: txstore:store/state-store@0.1.0 --------------------------
+// ---- the export: txstore:store/state-store@0.2.0 --------------------------
 
 export const stateStore = {
   init: guarded((options) => {
@@ -293,13 +372,13 @@ export const stateStore = {
   recover: guarded((checkpointed) => opened().recover(checkpointed)),
 
   get: guarded((key, isolation) => opened().get(key, isolation)),
-  getMany: guarded((keys, isolation) => opened().getMany(keys, isolation)),
-  range: guarded((start, end, isolation, limit) => opened().range(start, end, isolation, limit)),
+  getMany: guarded((keys, isolation) => packValues(opened().getMany(unpack(keys), isolation))),
+  range: guarded((start, end, isolation, limit) => packEntries(opened().range(start, end, isolation, limit))),
 
   put: guarded((key, value) => opened().stage([[key, value]])),
   delete: guarded((key) => opened().stage([[key, undefined]])),
-  putMany: guarded((entries) => opened().stage(entries.map(({ key, value }) => [key, value]))),
-  deleteMany: guarded((keys) => opened().stage(keys.map((key) => [key, undefined]))),
+  putMany: guarded((entries) => opened().stage(unpackEntries(entries).map(({ key, value }) => [key, value]))),
+  deleteMany: guarded((keys) => opened().stage(unpack(keys).map((key) => [key, undefined]))),
 
   commit: guarded((offset) => opened().commit(offset)),
   committedOffset: guarded(() => readU64(opened().meta, OFFSET_KEY)),

@@ -11,7 +11,10 @@ Storage layout:
   keyspace `data`  the committed state C
   keyspace `meta`  b"committed-offset" -> the offset as a big-endian u64
 
-Built with componentize-py against ../../wit (world `store`); see build.sh.
+Built with componentize-py against ../../wit (txstore:store@0.2.0, world
+`store`); see build.sh. Keys, pages of entries and batches cross the
+boundary packed (one byte buffer and its string ends): `unpack` and `pack`
+below are the only places that know the layout.
 """
 
 from bisect import bisect_left
@@ -21,13 +24,15 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.exports.state_store import Isolation, Recovery, RecoveryAction
 from wit_world.imports import storage
-from wit_world.imports.storage import KeyspaceOps, Op_Delete, Op_Put
+from wit_world.imports.storage import KeyspaceOps, Op_DeleteMany, Op_Put, Op_PutMany
 from wit_world.imports.types import (
     Entry,
     Error_Corrupt,
     Error_InvalidArgument,
     Error_Other,
     Error_UncommittedLimit,
+    MaybeValues,
+    Packed,
 )
 
 NAME = "python-guest"
@@ -64,13 +69,66 @@ def parse_byte_count(text: str) -> int:
     return n
 
 
+# -- the packed types ---------------------------------------------------
+
+def unpack(packed: Packed) -> List[bytes]:
+    """The strings of `packed`: string i is bytes[ends[i-1]:ends[i]]. A
+    malformed buffer (ends decreasing or not ending at its length) is the
+    caller's error, refused as the WIT says."""
+    data, out, at = packed.bytes, [], 0
+    for end in packed.ends:
+        if end < at or end > len(data):
+            raise fail(Error_InvalidArgument(f"{NAME}: packed string ends are malformed"))
+        out.append(data[at:end])
+        at = end
+    if at != len(data):
+        raise fail(Error_InvalidArgument(f"{NAME}: packed bytes run past the last end"))
+    return out
+
+
+def unpack_entries(packed: Packed) -> List[Tuple[bytes, bytes]]:
+    """Entries: key i is string 2i, its value string 2i + 1."""
+    strings = unpack(packed)
+    if len(strings) % 2:
+        raise fail(Error_InvalidArgument(f"{NAME}: packed entries have an odd string count"))
+    return list(zip(strings[0::2], strings[1::2]))
+
+
+def pack(strings: List[bytes]) -> Packed:
+    ends, at = [], 0
+    for s in strings:
+        at += len(s)
+        ends.append(at)
+    return Packed(b"".join(strings), ends)
+
+
+def pack_entries(entries: List[Tuple[bytes, bytes]]) -> Packed:
+    return pack([s for entry in entries for s in entry])
+
+
+def pack_values(values: List[Optional[bytes]]) -> MaybeValues:
+    return MaybeValues(pack([v if v is not None else b"" for v in values]),
+                       [v is not None for v in values])
+
+
+def unpack_values(answers: MaybeValues) -> List[Optional[bytes]]:
+    values = unpack(answers.values)
+    if len(values) != len(answers.found):
+        raise fail(Error_Corrupt(f"{NAME}: the host answered a get-many out of shape"))
+    return [v if found else None for v, found in zip(values, answers.found)]
+
+
+def get_many(keyspace: storage.Keyspace, keys: List[bytes]) -> List[Optional[bytes]]:
+    return unpack_values(keyspace.get_many(pack(keys))) if keys else []
+
+
 def scan(keyspace: storage.Keyspace, start: Optional[bytes], end: Optional[bytes],
-         batch: int = CURSOR_BATCH) -> Iterator[Entry]:
+         batch: int = CURSOR_BATCH) -> Iterator[Tuple[bytes, bytes]]:
     """The entries of [start, end) in key order, fetched `batch` at a time.
     The cursor resource is dropped when the generator ends or is closed."""
     with keyspace.scan(start, end) as cursor:
         while True:
-            page = cursor.next(batch)
+            page = unpack_entries(cursor.next(batch))
             if not page:
                 return
             yield from page
@@ -144,13 +202,13 @@ class Store:
     def get_many(self, keys: List[bytes], isolation: Isolation) -> List[Optional[bytes]]:
         self.usable()
         if isolation == Isolation.READ_COMMITTED:
-            return self.data.get_many(keys)
+            return get_many(self.data, keys)
         misses = [k for k in keys if k not in self.buffer]
-        stored = iter(self.data.get_many(misses) if misses else [])
+        stored = iter(get_many(self.data, misses))
         return [self.buffer[k] if k in self.buffer else next(stored) for k in keys]
 
     def range(self, start: Optional[bytes], end: Optional[bytes],
-              isolation: Isolation, limit: int) -> List[Entry]:
+              isolation: Isolation, limit: int) -> List[Tuple[bytes, bytes]]:
         if start is not None and end is not None and start > end:
             raise fail(Error_InvalidArgument(f"{NAME}: range start is after its end"))
         self.usable()
@@ -158,7 +216,7 @@ class Store:
             return []
         batch = min(limit, CURSOR_BATCH)
         if isolation == Isolation.READ_COMMITTED:
-            out: List[Entry] = []
+            out: List[Tuple[bytes, bytes]] = []
             base = scan(self.data, start, end, batch)
             try:
                 for entry in base:
@@ -181,25 +239,25 @@ class Store:
             i += 1
 
     def merged_range(self, start: Optional[bytes], end: Optional[bytes],
-                     limit: int, batch: int) -> List[Entry]:
+                     limit: int, batch: int) -> List[Tuple[bytes, bytes]]:
         """C + U over [start, end): the buffer wins on equal keys and its
         deletes hide the stored key."""
-        out: List[Entry] = []
+        out: List[Tuple[bytes, bytes]] = []
         base = scan(self.data, start, end, batch)
         try:
             stored = next(base, None)
             pending = self.overlay(start, end)
             key = next(pending, None)
             while len(out) < limit and (stored is not None or key is not None):
-                if key is None or (stored is not None and stored.key < key):
+                if key is None or (stored is not None and stored[0] < key):
                     out.append(stored)
                     stored = next(base, None)
                     continue
-                if stored is not None and stored.key == key:
+                if stored is not None and stored[0] == key:
                     stored = next(base, None)
                 value = self.buffer[key]
                 if value is not None:
-                    out.append(Entry(key, value))
+                    out.append((key, value))
                 key = next(pending, None)
         finally:
             base.close()
@@ -209,8 +267,11 @@ class Store:
 
     def commit(self, offset: int) -> None:
         self.usable()
-        ops = [Op_Put(Entry(k, v)) if v is not None else Op_Delete(k)
-               for k, v in sorted(self.buffer.items())]
+        # Two ops for the whole buffer: the puts packed, the deletes packed
+        # (distinct keys, so their order does not matter).
+        writes = sorted(self.buffer.items())
+        ops = [Op_PutMany(pack_entries([(k, v) for k, v in writes if v is not None])),
+               Op_DeleteMany(pack([k for k, v in writes if v is None]))]
         # Give the buffer up before the write: if the write fails, what it
         # held is neither in memory nor (as far as we know) on disk.
         self.reset()
@@ -268,12 +329,12 @@ class StateStore(wit_world.exports.StateStore):
     def get(self, key: bytes, isolation: Isolation) -> Optional[bytes]:
         return store().get(key, isolation)
 
-    def get_many(self, keys: List[bytes], isolation: Isolation) -> List[Optional[bytes]]:
-        return store().get_many(keys, isolation)
+    def get_many(self, keys: Packed, isolation: Isolation) -> MaybeValues:
+        return pack_values(store().get_many(unpack(keys), isolation))
 
     def range(self, start: Optional[bytes], end: Optional[bytes],
-              isolation: Isolation, limit: int) -> List[Entry]:
-        return store().range(start, end, isolation, limit)
+              isolation: Isolation, limit: int) -> Packed:
+        return pack_entries(store().range(start, end, isolation, limit))
 
     def put(self, key: bytes, value: bytes) -> None:
         store().add([(key, value)])
@@ -281,11 +342,11 @@ class StateStore(wit_world.exports.StateStore):
     def delete(self, key: bytes) -> None:
         store().add([(key, None)])
 
-    def put_many(self, entries: List[Entry]) -> None:
-        store().add([(e.key, e.value) for e in entries])
+    def put_many(self, entries: Packed) -> None:
+        store().add(unpack_entries(entries))
 
-    def delete_many(self, keys: List[bytes]) -> None:
-        store().add([(k, None) for k in keys])
+    def delete_many(self, keys: Packed) -> None:
+        store().add([(k, None) for k in unpack(keys)])
 
     def commit(self, offset: int) -> None:
         store().commit(offset)

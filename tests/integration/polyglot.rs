@@ -2,7 +2,9 @@
 //! own tools (componentize-py for Python, jco/componentize-js for
 //! JavaScript), then held to the same checks as the built-in guests: the
 //! conformance suite and the word-count crash sweep; the Python processor
-//! to the processors' crash sweep.
+//! to the processors' crash sweep. The two guests as they were when WIT
+//! 0.1.0 was current (`tests/compat`) are built against `wit/0.1.0` and
+//! must still pass the suite: the host links both versions.
 //!
 //! A missing tool skips the tests with one `SKIPPED` line on stderr; with
 //! `TXSTORE_REQUIRE_POLYGLOT=1` (CI) it fails them instead.
@@ -20,13 +22,24 @@ const SKIPPED: i32 = 3;
 /// not race to compile the same large component). `None` after saying why
 /// when the tool is missing.
 fn build(example: &str, wasm: &str) -> Result<PathBuf, String> {
+    build_from(example, wasm, None)
+}
+
+/// As `build`, with the sources of `tests/compat/{compat}` built against
+/// `wit/0.1.0` by the example's own `build.sh`.
+fn build_from(example: &str, wasm: &str, compat: Option<&str>) -> Result<PathBuf, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(example);
-    let out = Command::new("bash")
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(compat.unwrap_or(example));
+    let mut build = Command::new("bash");
+    build
         .arg(root.join("examples").join(example).join("build.sh"))
-        .arg(&out_dir)
-        .output()
-        .expect("run bash");
+        .arg(&out_dir);
+    if let Some(compat) = compat {
+        build
+            .arg(root.join("tests/compat").join(compat))
+            .arg(root.join("wit/0.1.0"));
+    }
+    let out = build.output().expect("run bash");
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -43,7 +56,13 @@ fn build(example: &str, wasm: &str) -> Result<PathBuf, String> {
         "examples/{example}/build.sh failed: {said}"
     );
     let path = out_dir.join(wasm);
-    ok(&txstore(&["inspect", path.to_str().unwrap()]));
+    let inspected = ok(&txstore(&["inspect", path.to_str().unwrap()]));
+    if compat.is_some() {
+        assert!(
+            inspected.contains("txstore:store/state-store@0.1.0"),
+            "tests/compat/{compat:?} was not built for 0.1.0: {inspected}"
+        );
+    }
     Ok(path)
 }
 
@@ -78,6 +97,24 @@ fn js_guest(test: &str) -> Option<&'static Path> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     built(
         BUILT.get_or_init(|| build("js-guest", "js_guest.wasm")),
+        test,
+    )
+}
+
+fn python_guest_0_1_0(test: &str) -> Option<&'static Path> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    built(
+        BUILT.get_or_init(|| {
+            build_from("python-guest", "python_guest.wasm", Some("python-guest-0.1.0"))
+        }),
+        test,
+    )
+}
+
+fn js_guest_0_1_0(test: &str) -> Option<&'static Path> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    built(
+        BUILT.get_or_init(|| build_from("js-guest", "js_guest.wasm", Some("js-guest-0.1.0"))),
         test,
     )
 }
@@ -129,6 +166,22 @@ fn js_guest_passes_conformance() {
 fn js_guest_word_count_is_exact_after_every_crash() {
     if let Some(guest) = js_guest("js_guest_word_count_is_exact_after_every_crash") {
         crate::strategies::sweep(guest.to_str().unwrap());
+    }
+}
+
+/// Built for 0.1.0 before the packed types existed, and unchanged since:
+/// the host's 0.1.0 linker must serve it as it did.
+#[test]
+fn python_guest_built_for_0_1_0_passes_conformance() {
+    if let Some(guest) = python_guest_0_1_0("python_guest_built_for_0_1_0_passes_conformance") {
+        conformance(guest);
+    }
+}
+
+#[test]
+fn js_guest_built_for_0_1_0_passes_conformance() {
+    if let Some(guest) = js_guest_0_1_0("js_guest_built_for_0_1_0_passes_conformance") {
+        conformance(guest);
     }
 }
 
