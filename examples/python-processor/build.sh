@@ -11,7 +11,7 @@ COMPONENTIZE_PY_VERSION=0.25.1
 TOOLS_VENV="${TXSTORE_TOOLS_PY:-$HOME/.cache/txstore-tools/py}"
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-wit="$here/../../wit/0.1.0"
+wit="$here/../../wit"
 out_dir="${1:-${PYTHON_PROCESSOR_OUT:-$here}}"
 
 if command -v componentize-py >/dev/null 2>&1; then

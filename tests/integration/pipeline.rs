@@ -504,10 +504,11 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
     // starting as they do) has committed at all: wait for its first
     // committed changelog transaction, so the move has state to restore.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !owned(0)
-        .iter()
-        .any(|&q| p.ends(&p.changelog).get(q as usize).is_some_and(|e| e.0 > 0))
-    {
+    while !owned(0).iter().any(|&q| {
+        p.ends(&p.changelog)
+            .get(q as usize)
+            .is_some_and(|e| e.0 > 0)
+    }) {
         assert!(
             Instant::now() < deadline,
             "{what}: p0 committed nothing to the changelog in 120 s: {}",

@@ -105,7 +105,11 @@ fn python_guest_0_1_0(test: &str) -> Option<&'static Path> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     built(
         BUILT.get_or_init(|| {
-            build_from("python-guest", "python_guest.wasm", Some("python-guest-0.1.0"))
+            build_from(
+                "python-guest",
+                "python_guest.wasm",
+                Some("python-guest-0.1.0"),
+            )
         }),
         test,
     )

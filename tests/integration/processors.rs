@@ -211,6 +211,143 @@ fn rust_processor_is_exact_after_every_crash_and_power_loss() {
     eprintln!("running-stats: {crashes} crashes, exact after each");
 }
 
+/// The 0.2.0 test processor that uses every batched `state` call
+/// (tests/batch-processor).
+fn batch_processor() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| build_component("batch-processor", None))
+}
+
+/// Lines of words for the batch processor: counts (repeated words in a
+/// line too), deletes `-w`, prefix queries `?p` and `!bad`.
+fn batch_input(lines: usize, seed: u64) -> Vec<String> {
+    const WORDS: &[&str] = &[
+        "a",
+        "ab",
+        "abc",
+        "b",
+        "ba",
+        "bab",
+        "c",
+        "cab",
+        "\u{e9}t\u{e9}",
+    ];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    (0..lines)
+        .map(|_| {
+            let words: Vec<String> = (0..1 + next(6))
+                .map(|_| {
+                    let w = WORDS[next(WORDS.len() as u64) as usize];
+                    match next(20) {
+                        0..=2 => format!("-{w}"),
+                        3 => format!(
+                            "?{}",
+                            w.chars().take(1 + next(2) as usize).collect::<String>()
+                        ),
+                        4 => "?".to_string(),
+                        5 if next(10) == 0 => "!bad".to_string(),
+                        _ => w.to_string(),
+                    }
+                })
+                .collect();
+            words.join(" ")
+        })
+        .collect()
+}
+
+/// The batch processor's oracle: the store (word -> count) and the output.
+fn batch_expected(lines: &[String]) -> (BTreeMap<String, String>, String) {
+    let mut store: BTreeMap<String, u64> = BTreeMap::new();
+    let mut out = String::new();
+    for line in lines {
+        let words: Vec<&str> = line.split(' ').filter(|w| !w.is_empty()).collect();
+        let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+        for w in words.iter().filter(|w| !w.starts_with(['-', '?', '!'])) {
+            *counts.entry(w).or_default() += 1;
+        }
+        for (w, n) in counts {
+            let c = store.entry(w.to_string()).or_default();
+            *c += n;
+            out.push_str(&format!("{w}\t{c}\n"));
+        }
+        let deletes: std::collections::BTreeSet<&str> =
+            words.iter().filter_map(|w| w.strip_prefix('-')).collect();
+        for w in deletes {
+            store.remove(w);
+            out.push_str(&format!("{w}\n"));
+        }
+        for w in words.iter().filter(|w| w.starts_with(['?', '!'])) {
+            let answer = match w.strip_prefix('?') {
+                Some(p) => store
+                    .keys()
+                    .filter(|k| k.starts_with(p))
+                    .count()
+                    .to_string(),
+                None => "refused".into(),
+            };
+            out.push_str(&format!("{w}\t{answer}\n"));
+        }
+    }
+    let store = store.into_iter().map(|(k, n)| (k, n.to_string())).collect();
+    (store, out)
+}
+
+/// A processor built against 0.2.0 reads with `get-many` and pages of
+/// `range` and writes with `put-many` and `delete-many` (all packed), and
+/// is exact under every strategy, crashed and power-cut mid-run; a
+/// malformed packed batch is refused, not applied.
+#[test]
+fn a_processor_using_the_batched_calls_is_exact_after_crashes() {
+    let processor = batch_processor();
+    let inspected = ok(&txstore(&["inspect", processor.to_str().unwrap()]));
+    assert!(inspected.contains("processor@0.2.0"), "{inspected}");
+    for guest in ["roll-forward", "roll-back", "buffered", "wipe-on-crash"] {
+        for (i, point) in ["after-write@150", "after-changelog-commit@3+power"]
+            .iter()
+            .enumerate()
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let lines = batch_input(LINES, i as u64 + 7);
+            std::fs::write(dir.path().join("input.txt"), lines.join("\n") + "\n").unwrap();
+            let (want_store, want_out) = batch_expected(&lines);
+            let extra = format!(
+                "[task]\nprocessor = {:?}\ninput = \"input.txt\"\n\
+                 output = {{ kind = \"file\", path = \"state/out.tsv\" }}\n\
+                 commit_interval_records = {INTERVAL}\ncommit_interval_ms = 600000\n",
+                processor.display().to_string()
+            );
+            let config = write_config(dir.path(), guest, &extra);
+            let out = dir.path().join("state/out.tsv");
+            let context = format!("batch-processor under {guest}, crashed at {point}");
+            let o = run(&config, Some(point));
+            assert_eq!(
+                o.status.signal(),
+                Some(6),
+                "{context}: no abort: {}",
+                stderr(&o)
+            );
+            assert!(
+                want_out.starts_with(&committed(&out)),
+                "{context}: the committed output is not a prefix of the exact one"
+            );
+            ok(&run(&config, None));
+            assert_eq!(scan(&config), want_store, "{context}: the store differs");
+            let seen = committed(&out);
+            assert!(
+                seen == want_out,
+                "{context}: the committed output differs: {}",
+                first_difference(&seen, &want_out)
+            );
+        }
+    }
+}
+
 /// A processor's options reach its `init`; one it does not know stops the
 /// run before anything is created, naming the option.
 #[test]

@@ -14,7 +14,7 @@
 //! Options (`task.processor_options`): `prefix`, prepended to store keys
 //! (default empty).
 
-wit_bindgen::generate!({ path: "../../wit/0.1.0", world: "processor" });
+wit_bindgen::generate!({ path: "../../wit", world: "processor" });
 
 use exports::txstore::store::record_processor::{Guest, Input, Output};
 use std::cell::RefCell;

@@ -50,7 +50,7 @@ fn inspect_processor(runtime: &Runtime, path: &Path) -> Result<()> {
     println!(
         "world:          {}/processor@{}",
         runtime::WIT_PACKAGE,
-        runtime::PROCESSOR_VERSION
+        component.version
     );
     println!("exports:        {}", component.exports.join(", "));
     println!("imports:        {}", component.imports.join(", "));

@@ -55,11 +55,9 @@ pub(crate) mod bindings {
 pub const WIT_PACKAGE: &str = "txstore:store";
 /// The current version: what new guests are built against.
 pub const WIT_VERSION: &str = "0.2.0";
-/// Every version of the store world the host links, oldest first. A
-/// processor is built against 0.1.0, the version its world last changed.
-pub const STORE_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
-/// The version of the processor world.
-pub const PROCESSOR_VERSION: &str = "0.1.0";
+/// Every version of the package the host links, oldest first: a guest or a
+/// processor built against any of them loads.
+pub const WIT_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
 /// How often the epoch advances; the unit of the per-call time budget.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
@@ -169,7 +167,7 @@ pub struct GuestComponent {
     pub label: String,
     pre: GuestPre,
     /// The WIT version the guest was built against (one of
-    /// [`STORE_VERSIONS`]).
+    /// [`WIT_VERSIONS`]).
     pub version: &'static str,
     engine: Engine,
     pub load: LoadInfo,
@@ -301,21 +299,28 @@ impl Runtime {
         })
     }
 
-    /// Checks `bytes` are a component of `world` at our version, and
-    /// compiles it (or fetches it from the cache): (component, cached,
-    /// hash, exports, imports).
+    /// Checks `bytes` are a component of `world` at a version the host
+    /// links, and compiles it (or fetches it from the cache): (component,
+    /// cached, hash, exports, imports, version).
     #[allow(clippy::type_complexity)]
     pub(crate) fn compile_checked(
         &self,
         label: &str,
         bytes: &[u8],
         world: World,
-    ) -> Result<(Component, bool, String, Vec<String>, Vec<String>)> {
+    ) -> Result<(
+        Component,
+        bool,
+        String,
+        Vec<String>,
+        Vec<String>,
+        &'static str,
+    )> {
         check_is_component(label, bytes)?;
         let hash = hex(&Sha256::digest(bytes));
         let (component, cached) = self.compile_cached(label, bytes, &hash)?;
-        let (exports, imports, _) = check_world(label, &self.engine, &component, world)?;
-        Ok((component, cached, hash, exports, imports))
+        let (exports, imports, version) = check_world(label, &self.engine, &component, world)?;
+        Ok((component, cached, hash, exports, imports, version))
     }
 
     fn cache_path(&self, hash: &str) -> Option<PathBuf> {
@@ -471,7 +476,7 @@ fn check_is_component(label: &str, bytes: &[u8]) -> Result<()> {
 
 /// What the linker offers a guest, for error messages.
 const PROVIDED: &str =
-    "txstore:store/storage@0.1.0 and @0.2.0, txstore:store/state@0.1.0 and WASI 0.2 \
+    "txstore:store/storage and txstore:store/state, each @0.1.0 and @0.2.0, and WASI 0.2 \
                         (cli, clocks, filesystem, io, random, sockets; with no files, environment, \
                         network or clock)";
 
@@ -528,10 +533,7 @@ impl World {
 
     /// The versions of this world the host links, oldest first.
     fn versions(self) -> &'static [&'static str] {
-        match self {
-            World::Store => STORE_VERSIONS,
-            World::Processor => &[PROCESSOR_VERSION],
-        }
+        WIT_VERSIONS
     }
 }
 

@@ -167,7 +167,7 @@ pub fn check(
     // The WIT version is the guest's calling convention, not its data
     // layout (that is the strategy's, checked above): a store made by a
     // build against any version this host links opens as a new build.
-    let known = crate::runtime::STORE_VERSIONS
+    let known = crate::runtime::WIT_VERSIONS
         .iter()
         .any(|v| have.wit == format!("{}@{v}", crate::runtime::WIT_PACKAGE));
     if !known {
@@ -176,7 +176,7 @@ pub fn check(
             have.store,
             dir.display(),
             have.wit,
-            crate::runtime::STORE_VERSIONS
+            crate::runtime::WIT_VERSIONS
                 .iter()
                 .map(|v| format!("{}@{v}", crate::runtime::WIT_PACKAGE))
                 .collect::<Vec<_>>()

@@ -2,13 +2,16 @@
 //! logic in its own sandbox (own `Store`, memory and time limits, the same
 //! WASI with nothing in it), whose `state` imports the host serves from the
 //! task's [`Context`], so every read and write goes through the strategy
-//! guest and the task's exactly-once loop like a built-in's.
+//! guest and the task's exactly-once loop like a built-in's. Both versions
+//! of the world are linked: 0.2.0 (keys and pages packed) and the frozen
+//! 0.1.0 (lists), so a processor built before 0.2.0 keeps working.
 
 use super::{Context, Input, Processor};
 use crate::error::Error;
 use crate::runtime::host::sandbox_wasi;
 use crate::runtime::limiter::GuestLimiter;
-use crate::runtime::{CallError, Limits, LoadInfo, Runtime, World};
+use crate::runtime::packed::{self, PackedBuf};
+use crate::runtime::{CallError, Limits, LoadInfo, Runtime, World, WIT_VERSION};
 use anyhow::{Context as _, Result};
 use std::path::Path;
 use std::time::Instant;
@@ -18,21 +21,47 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub(crate) mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit/0.1.0",
-        world: "processor",
-        imports: { default: trappable },
-    });
+    /// The frozen 0.1.0 processor world: keys and pages as lists.
+    pub(crate) mod v1 {
+        wasmtime::component::bindgen!({
+            path: "../wit/0.1.0",
+            world: "processor",
+            imports: { default: trappable },
+        });
+    }
+
+    /// The current processor world (0.2.0): keys and pages packed.
+    pub(crate) mod v2 {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "processor",
+            imports: { default: trappable },
+        });
+    }
 }
 
-use bindings::exports::txstore::store::record_processor as export;
-use bindings::txstore::store::types::{Entry, Error as WitError};
+use bindings::{v1, v2};
+
+/// A linked processor of either version.
+#[derive(Clone)]
+enum Pre {
+    V1(v1::ProcessorPre<ProcessorState>),
+    V2(v2::ProcessorPre<ProcessorState>),
+}
+
+/// An instance of either version.
+enum Api {
+    V1(v1::Processor),
+    V2(v2::Processor),
+}
 
 /// A compiled, linked processor ready to instantiate.
 #[derive(Clone)]
 pub struct ProcessorComponent {
     pub label: String,
-    pre: bindings::ProcessorPre<ProcessorState>,
+    pre: Pre,
+    /// The WIT version it was built against.
+    pub version: &'static str,
     engine: wasmtime::Engine,
     pub load: LoadInfo,
     /// The world's exports and imports, for `inspect`.
@@ -107,7 +136,7 @@ impl ProcessorState {
 
     /// A store call's result: a failed call traps the processor, and the
     /// task reports the strategy guest's error.
-    fn store<T>(&mut self, r: Result<T, Error>) -> wasmtime::Result<Result<T, WitError>> {
+    fn store<T, E>(&mut self, r: Result<T, Error>) -> wasmtime::Result<Result<T, E>> {
         match r {
             Ok(v) => Ok(Ok(v)),
             Err(e) => {
@@ -132,55 +161,201 @@ impl WasiView for ProcessorState {
     }
 }
 
-impl bindings::txstore::store::types::Host for ProcessorState {}
-
-type R<T> = wasmtime::Result<Result<T, WitError>>;
-
-impl bindings::txstore::store::state::Host for ProcessorState {
-    fn get(&mut self, key: Vec<u8>) -> R<Option<Vec<u8>>> {
-        let r = self.ctx()?.get(&key);
-        self.store(r)
-    }
-
-    fn get_many(&mut self, keys: Vec<Vec<u8>>) -> R<Vec<Option<Vec<u8>>>> {
-        let r = self.ctx()?.get_many(&keys);
-        self.store(r)
-    }
-
-    fn range(&mut self, start: Option<Vec<u8>>, end: Option<Vec<u8>>, limit: u32) -> R<Vec<Entry>> {
+impl ProcessorState {
+    /// `range` for both versions: the page, or why the arguments are
+    /// refused (`invalid-argument`).
+    fn range_page(
+        &mut self,
+        start: Option<Vec<u8>>,
+        end: Option<Vec<u8>>,
+        limit: u32,
+    ) -> wasmtime::Result<Result<Vec<(Vec<u8>, Vec<u8>)>, String>> {
         if let (Some(s), Some(e)) = (&start, &end) {
             if s > e {
-                return Ok(Err(WitError::InvalidArgument(
-                    "range start is after its end".into(),
-                )));
+                return Ok(Err("range start is after its end".into()));
             }
         }
         let r = self.ctx()?.range(start.as_deref(), end.as_deref(), limit);
-        let page = self.store(r)?;
-        Ok(page.map(|p| {
-            p.into_iter()
-                .map(|(key, value)| Entry { key, value })
-                .collect()
-        }))
+        self.store(r)
     }
 
-    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> R<()> {
-        self.count_write(key.len() + value.len())?;
-        self.ctx()?.put(&key, &value);
-        Ok(Ok(()))
-    }
-
-    fn delete(&mut self, key: Vec<u8>) -> R<()> {
-        self.count_write(key.len())?;
-        self.ctx()?.delete(&key);
-        Ok(Ok(()))
+    /// Writes `(key, value)` pairs (`None`: a delete) after counting all
+    /// of them against the record's limits.
+    fn write_all(&mut self, writes: &[(&[u8], Option<&[u8]>)]) -> wasmtime::Result<()> {
+        for (key, value) in writes {
+            self.count_write(key.len() + value.map_or(0, <[u8]>::len))?;
+        }
+        let ctx = self.ctx()?;
+        for &(key, value) in writes {
+            match value {
+                Some(value) => ctx.put(key, value),
+                None => ctx.delete(key),
+            }
+        }
+        Ok(())
     }
 }
 
-/// Adds the processor world's imports (WASI and `state`) to `linker`.
+impl v1::txstore::store::types::Host for ProcessorState {}
+
+/// `state` in 0.1.0's types.
+mod state_v1 {
+    use super::v1::txstore::store::state::Host;
+    use super::v1::txstore::store::types::{Entry, Error};
+    use super::ProcessorState;
+
+    type R<T> = wasmtime::Result<Result<T, Error>>;
+
+    impl Host for ProcessorState {
+        fn get(&mut self, key: Vec<u8>) -> R<Option<Vec<u8>>> {
+            let r = self.ctx()?.get(&key);
+            self.store(r)
+        }
+
+        fn get_many(&mut self, keys: Vec<Vec<u8>>) -> R<Vec<Option<Vec<u8>>>> {
+            let r = self.ctx()?.get_many(&keys);
+            self.store(r)
+        }
+
+        fn range(
+            &mut self,
+            start: Option<Vec<u8>>,
+            end: Option<Vec<u8>>,
+            limit: u32,
+        ) -> R<Vec<Entry>> {
+            Ok(self
+                .range_page(start, end, limit)?
+                .map_err(Error::InvalidArgument)
+                .map(|p| {
+                    p.into_iter()
+                        .map(|(key, value)| Entry { key, value })
+                        .collect()
+                }))
+        }
+
+        fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> R<()> {
+            self.write_all(&[(&key, Some(&value))])?;
+            Ok(Ok(()))
+        }
+
+        fn delete(&mut self, key: Vec<u8>) -> R<()> {
+            self.write_all(&[(&key, None)])?;
+            Ok(Ok(()))
+        }
+    }
+}
+
+impl v2::txstore::store::types::Host for ProcessorState {}
+
+/// `state` in 0.2.0's types: keys and pages packed.
+mod state_v2 {
+    use super::v2::txstore::store::state::Host;
+    use super::v2::txstore::store::types::{Error, MaybeValues, Packed};
+    use super::{packed, PackedBuf, ProcessorState};
+
+    type R<T> = wasmtime::Result<Result<T, Error>>;
+
+    /// Checks a packed argument (`per` strings to an item).
+    fn checked(call: &str, p: &Packed, per: usize) -> Result<(), Error> {
+        packed::check(&p.bytes, &p.ends, per).map_err(|why| {
+            Error::InvalidArgument(format!("{call}: malformed packed argument: {why}"))
+        })
+    }
+
+    fn into_packed(buf: PackedBuf) -> Packed {
+        Packed {
+            bytes: buf.bytes,
+            ends: buf.ends,
+        }
+    }
+
+    impl Host for ProcessorState {
+        fn get(&mut self, key: Vec<u8>) -> R<Option<Vec<u8>>> {
+            let r = self.ctx()?.get(&key);
+            self.store(r)
+        }
+
+        fn get_many(&mut self, keys: Packed) -> R<MaybeValues> {
+            if let Err(e) = checked("get-many", &keys, 1) {
+                return Ok(Err(e));
+            }
+            let keys: Vec<Vec<u8>> = packed::strings(&keys.bytes, &keys.ends)
+                .map(<[u8]>::to_vec)
+                .collect();
+            let r = self.ctx()?.get_many(&keys);
+            let values = match self.store(r)? {
+                Ok(values) => values,
+                Err(e) => return Ok(Err(e)),
+            };
+            let mut out = PackedBuf::default();
+            let found = values
+                .iter()
+                .map(|v| {
+                    out.push(v.as_deref().unwrap_or_default());
+                    v.is_some()
+                })
+                .collect();
+            Ok(Ok(MaybeValues {
+                values: into_packed(out),
+                found,
+            }))
+        }
+
+        fn range(&mut self, start: Option<Vec<u8>>, end: Option<Vec<u8>>, limit: u32) -> R<Packed> {
+            Ok(self
+                .range_page(start, end, limit)?
+                .map_err(Error::InvalidArgument)
+                .map(|p| {
+                    let mut out = PackedBuf::default();
+                    for (key, value) in &p {
+                        out.push(key);
+                        out.push(value);
+                    }
+                    into_packed(out)
+                }))
+        }
+
+        fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> R<()> {
+            self.write_all(&[(&key, Some(&value))])?;
+            Ok(Ok(()))
+        }
+
+        fn delete(&mut self, key: Vec<u8>) -> R<()> {
+            self.write_all(&[(&key, None)])?;
+            Ok(Ok(()))
+        }
+
+        fn put_many(&mut self, entries: Packed) -> R<()> {
+            if let Err(e) = checked("put-many", &entries, 2) {
+                return Ok(Err(e));
+            }
+            let writes: Vec<_> = packed::pairs(&entries.bytes, &entries.ends)
+                .map(|(k, v)| (k, Some(v)))
+                .collect();
+            self.write_all(&writes)?;
+            Ok(Ok(()))
+        }
+
+        fn delete_many(&mut self, keys: Packed) -> R<()> {
+            if let Err(e) = checked("delete-many", &keys, 1) {
+                return Ok(Err(e));
+            }
+            let writes: Vec<_> = packed::strings(&keys.bytes, &keys.ends)
+                .map(|k| (k, None))
+                .collect();
+            self.write_all(&writes)?;
+            Ok(Ok(()))
+        }
+    }
+}
+
+/// Adds the processor world's imports (WASI and `state`, both versions) to
+/// `linker`.
 fn add_to_linker(linker: &mut wasmtime::component::Linker<ProcessorState>) -> Result<()> {
+    use wasmtime::component::HasSelf;
     wasmtime_wasi::p2::add_to_linker_sync(linker)?;
-    bindings::Processor::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)?;
+    v1::Processor::add_to_linker::<_, HasSelf<_>>(linker, |s| s)?;
+    v2::Processor::add_to_linker::<_, HasSelf<_>>(linker, |s| s)?;
     Ok(())
 }
 
@@ -197,26 +372,38 @@ impl ProcessorComponent {
             )
         })?;
         let checked = (|| {
-            let (component, cached, hash, exports, imports) =
+            let (component, cached, hash, exports, imports, version) =
                 runtime.compile_checked(&label, &bytes, World::Processor)?;
             let mut linker = wasmtime::component::Linker::new(runtime.engine());
             add_to_linker(&mut linker)?;
             let pre = linker
                 .instantiate_pre(&component)
                 .map_err(|e| crate::runtime::link_error(&label, &format!("{e:#}")))?;
-            let pre = bindings::ProcessorPre::new(pre)
-                .map_err(anyhow::Error::from)
-                .with_context(|| {
-                    format!("processor {label} does not implement txstore:store/processor")
-                })?;
-            Ok::<_, anyhow::Error>((pre, cached, hash, exports, imports))
+            let not_processor = || {
+                format!("processor {label} does not implement txstore:store/processor@{version}")
+            };
+            let pre = if version == WIT_VERSION {
+                Pre::V2(
+                    v2::ProcessorPre::new(pre)
+                        .map_err(anyhow::Error::from)
+                        .with_context(not_processor)?,
+                )
+            } else {
+                Pre::V1(
+                    v1::ProcessorPre::new(pre)
+                        .map_err(anyhow::Error::from)
+                        .with_context(not_processor)?,
+                )
+            };
+            Ok::<_, anyhow::Error>((pre, cached, hash, exports, imports, version))
         })();
         // Whatever is wrong with the file, it is the config's choice.
-        let (pre, cached, hash, exports, imports) = checked
+        let (pre, cached, hash, exports, imports, version) = checked
             .map_err(|e| crate::error::marked(crate::error::Kind::Config, format!("{e:#}")))?;
         Ok(ProcessorComponent {
             label,
             pre,
+            version,
             engine: runtime.engine().clone(),
             load: LoadInfo {
                 cached,
@@ -250,11 +437,12 @@ impl ProcessorComponent {
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(u64::MAX / 2);
         store.epoch_deadline_trap();
-        let api = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("processor {} cannot be instantiated", self.label))?;
+        let api = match &self.pre {
+            Pre::V1(pre) => pre.instantiate(&mut store).map(Api::V1),
+            Pre::V2(pre) => pre.instantiate(&mut store).map(Api::V2),
+        }
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("processor {} cannot be instantiated", self.label))?;
         let mut p = WasmProcessor {
             store,
             api,
@@ -263,10 +451,14 @@ impl ProcessorComponent {
             dead: false,
         };
         p.arm();
-        let r = p
-            .api
-            .txstore_store_record_processor()
-            .call_init(&mut p.store, options);
+        let r = match &p.api {
+            Api::V1(api) => api
+                .txstore_store_record_processor()
+                .call_init(&mut p.store, options),
+            Api::V2(api) => api
+                .txstore_store_record_processor()
+                .call_init(&mut p.store, options),
+        };
         match r {
             Ok(Ok(())) => Ok(p),
             Ok(Err(why)) => Err(crate::error::marked(
@@ -287,7 +479,7 @@ impl ProcessorComponent {
 /// A live processor instance: [`Processor`] for a task.
 pub struct WasmProcessor {
     store: Store<ProcessorState>,
-    api: bindings::Processor,
+    api: Api,
     label: String,
     limits: Limits,
     /// It trapped: its state is unknown, it takes no more calls.
@@ -313,24 +505,35 @@ impl Processor for WasmProcessor {
                 self.label
             )));
         }
-        let record = export::Input {
-            key: input.key().map(<[u8]>::to_vec),
-            value: input.value().map(<[u8]>::to_vec),
-        };
+        let (key, value) = (
+            input.key().map(<[u8]>::to_vec),
+            input.value().map(<[u8]>::to_vec),
+        );
         self.arm();
         self.store.data_mut().written = (0, 0);
         // Lend the context for this call only (see `Lent`).
         self.store.data_mut().ctx = Lent((ctx as *mut Context<'_>).cast::<Context<'static>>());
-        let result = self
-            .api
-            .txstore_store_record_processor()
-            .call_process(&mut self.store, &record);
+        // The outputs as (key, value) whichever the version.
+        let result = match &self.api {
+            Api::V1(api) => {
+                use v1::exports::txstore::store::record_processor::Input;
+                api.txstore_store_record_processor()
+                    .call_process(&mut self.store, &Input { key, value })
+                    .map(|r| r.map(|o| o.into_iter().map(|o| (o.key, o.value)).collect::<Vec<_>>()))
+            }
+            Api::V2(api) => {
+                use v2::exports::txstore::store::record_processor::Input;
+                api.txstore_store_record_processor()
+                    .call_process(&mut self.store, &Input { key, value })
+                    .map(|r| r.map(|o| o.into_iter().map(|o| (o.key, o.value)).collect::<Vec<_>>()))
+            }
+        };
         self.store.data_mut().ctx = Lent(std::ptr::null_mut());
         match result {
             Ok(Ok(outputs)) => {
                 let bytes: u64 = outputs
                     .iter()
-                    .map(|o| (o.key.len() + o.value.as_ref().map_or(0, Vec::len)) as u64)
+                    .map(|(k, v)| (k.len() + v.as_ref().map_or(0, Vec::len)) as u64)
                     .sum();
                 let over = if outputs.len() as u64 > self.limits.record_outputs {
                     Some(format!(
@@ -353,8 +556,8 @@ impl Processor for WasmProcessor {
                         self.label
                     )));
                 }
-                for o in outputs {
-                    ctx.emit(&o.key, o.value.as_deref());
+                for (key, value) in outputs {
+                    ctx.emit(&key, value.as_deref());
                 }
                 Ok(())
             }
