@@ -18,9 +18,6 @@ use anyhow::Result;
 use v2::exports::txstore::store::state_store as export;
 use wasmtime::Store;
 
-/// Entries per `range` call when the host pages through a range.
-pub const RANGE_PAGE: usize = 1024;
-
 pub use super::exports::EntryRef;
 pub use export::{Isolation, Recovery, RecoveryAction};
 pub use v2::txstore::store::types::Error as WitError;
@@ -76,7 +73,7 @@ pub fn describe(err: &WitError) -> String {
 }
 
 /// A live guest instance bound to one store's storage.
-pub struct StoreInstance {
+pub struct WasmInstance {
     store: Store<GuestState>,
     api: Api,
     borrowed: BorrowedCalls,
@@ -92,8 +89,8 @@ pub struct StoreInstance {
     calls: std::collections::BTreeMap<&'static str, u64>,
 }
 
-impl StoreInstance {
-    pub(super) fn new(
+impl WasmInstance {
+    pub(crate) fn new(
         guest: &GuestComponent,
         storage: Box<dyn StoreStorage>,
         store_name: &str,
@@ -116,6 +113,7 @@ impl StoreInstance {
                 let instance = pre.instance_pre().instantiate(&mut store)?;
                 (Api::V2(v2::Store::new(&mut store, &instance)?), instance)
             }
+            GuestPre::Native => anyhow::bail!("the native store is not a wasm guest"),
         };
         let borrowed = BorrowedCalls::new(&instance, &mut store, guest.version)?;
         Ok(Self {
@@ -264,17 +262,6 @@ impl StoreInstance {
         result
     }
 
-    /// One page of [start, end) at `isolation`, at most `limit` entries.
-    pub fn range(
-        &mut self,
-        start: Option<&[u8]>,
-        end: Option<&[u8]>,
-        isolation: Isolation,
-        limit: u32,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        Ok(self.range_page(start, end, isolation, limit)?.to_pairs())
-    }
-
     /// One page of [start, end) at `isolation`, at most `limit` entries,
     /// packed as the guest returned it.
     pub fn range_page(
@@ -311,62 +298,6 @@ impl StoreInstance {
         })
     }
 
-    /// Every entry of [start, end), paging through `range`.
-    pub fn range_all(
-        &mut self,
-        start: Option<&[u8]>,
-        end: Option<&[u8]>,
-        isolation: Isolation,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        self.range_up_to(start, end, isolation, usize::MAX)
-    }
-
-    /// The first `max` entries of [start, end), paging through `range`.
-    pub fn range_up_to(
-        &mut self,
-        start: Option<&[u8]>,
-        end: Option<&[u8]>,
-        isolation: Isolation,
-        max: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, CallError> {
-        let mut out = Vec::new();
-        self.range_pages(start, end, isolation, max, |page| {
-            out.extend(page.iter().map(|(k, v)| (k.to_vec(), v.to_vec())))
-        })?;
-        Ok(out)
-    }
-
-    /// Pages through `range` over [start, end), [`RANGE_PAGE`] entries at a
-    /// time, handing each page to `each`, until `max` entries are read.
-    pub fn range_pages(
-        &mut self,
-        start: Option<&[u8]>,
-        end: Option<&[u8]>,
-        isolation: Isolation,
-        max: usize,
-        mut each: impl FnMut(&Page),
-    ) -> Result<(), CallError> {
-        let (mut read, mut next) = (0, start.map(<[u8]>::to_vec));
-        loop {
-            let want = RANGE_PAGE.min(max - read);
-            if want == 0 {
-                return Ok(());
-            }
-            let page = self.range_page(next.as_deref(), end, isolation, want as u32)?;
-            let full = page.len() == want;
-            if let Some(k) = page.last_key() {
-                let mut k = k.to_vec();
-                k.push(0);
-                next = Some(k);
-            }
-            read += page.len();
-            each(&page);
-            if !full {
-                return Ok(());
-            }
-        }
-    }
-
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), CallError> {
         let func = self.borrowed.put;
         self.call("put", Phase::Other, |api, s| {
@@ -401,14 +332,6 @@ impl StoreInstance {
         })
     }
 
-    pub fn put_many(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), CallError> {
-        let entries: Vec<EntryRef> = entries
-            .iter()
-            .map(|(key, value)| EntryRef { key, value })
-            .collect();
-        self.put_entries(&entries)
-    }
-
     /// `put-many` of entries borrowed from the caller (the task's records).
     pub fn put_entries(&mut self, entries: &[EntryRef<'_>]) -> Result<(), CallError> {
         let func = self.borrowed.put_many;
@@ -432,11 +355,6 @@ impl StoreInstance {
         });
         self.scratch = buf;
         result
-    }
-
-    pub fn delete_many(&mut self, keys: &[Vec<u8>]) -> Result<(), CallError> {
-        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        self.delete_keys(&keys)
     }
 
     /// `delete-many` of keys borrowed from the caller (the task's records).

@@ -9,12 +9,13 @@ mod host_v1;
 mod host_v2;
 pub(crate) mod instance;
 pub(crate) mod limiter;
+mod native;
 pub(crate) mod packed;
+mod store_instance;
 
 pub use host::GuestState;
-pub use instance::{
-    CallError, EntryRef, Isolation, Recovery, RecoveryAction, StoreInstance, WitError, RANGE_PAGE,
-};
+pub use instance::{CallError, EntryRef, Isolation, Recovery, RecoveryAction, WitError};
+pub use store_instance::{StoreInstance, RANGE_PAGE};
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -118,9 +119,10 @@ pub enum GuestSource {
 }
 
 impl GuestSource {
-    /// A built-in name when it is one, else a path.
+    /// A built-in name when it is one (a built-in guest, or `native`),
+    /// else a path.
     pub fn parse(s: &str) -> Self {
-        if txstore_artifacts::builtin(s).is_some() {
+        if s == native::NAME || txstore_artifacts::builtin(s).is_some() {
             GuestSource::Builtin(s.to_string())
         } else {
             GuestSource::Path(PathBuf::from(s))
@@ -159,6 +161,8 @@ pub struct LoadInfo {
 pub(crate) enum GuestPre {
     V1(bindings::v1::StorePre<GuestState>),
     V2(bindings::v2::StorePre<GuestState>),
+    /// No component: the native baseline (`native.rs`).
+    Native,
 }
 
 /// A compiled, linked guest ready to instantiate.
@@ -231,6 +235,19 @@ impl Runtime {
     /// Loads a guest by source.
     pub fn load(&self, source: &GuestSource) -> Result<GuestComponent> {
         match source {
+            GuestSource::Builtin(name) if name == native::NAME => Ok(GuestComponent {
+                label: native::NAME.to_string(),
+                pre: GuestPre::Native,
+                version: WIT_VERSION,
+                engine: self.engine.clone(),
+                load: LoadInfo {
+                    cached: true,
+                    elapsed: Duration::ZERO,
+                    hash: native::NAME.to_string(),
+                },
+                exports: Vec::new(),
+                imports: Vec::new(),
+            }),
             GuestSource::Builtin(name) => {
                 let bytes = txstore_artifacts::builtin(name).with_context(|| {
                     let names: Vec<_> = txstore_artifacts::names().collect();
@@ -664,7 +681,14 @@ impl GuestComponent {
         store_name: &str,
         limits: &Limits,
     ) -> Result<StoreInstance> {
-        StoreInstance::new(self, storage, store_name, limits)
+        Ok(match self.pre {
+            GuestPre::Native => {
+                StoreInstance::Native(native::NativeInstance::new(storage, store_name))
+            }
+            _ => StoreInstance::Wasm(Box::new(instance::WasmInstance::new(
+                self, storage, store_name, limits,
+            )?)),
+        })
     }
 }
 
