@@ -420,6 +420,50 @@ fn bench_passes_guest_options() {
 /// `bench --stores N` opens N stores (each its own database and guest
 /// instance) per target, writes through all of them, and reports every
 /// figure; `--recovery-sizes` follows `--keys` when not given.
+/// `bench --pipeline`: `txstore run` end to end per guest, with the
+/// native store first and every ratio to it.
+#[test]
+fn bench_pipeline_measures_each_guest_against_the_native_store() {
+    let out = ok(&txstore(&[
+        "bench",
+        "--pipeline",
+        "3000",
+        "--runs",
+        "1",
+        "--guests",
+        "buffered,wipe-on-crash",
+        "--format",
+        "json",
+    ]));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["native"]["target"], "native", "{out}");
+    let targets: Vec<&str> = report["guests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, ["buffered", "wipe-on-crash"], "{out}");
+    for f in std::iter::once(&report["native"]).chain(report["guests"].as_array().unwrap()) {
+        for rate in ["word_count_per_s", "kv_per_s"] {
+            assert!(f[rate].as_f64().unwrap() > 0.0, "{rate}: {out}");
+        }
+    }
+    let md = ok(&txstore(&[
+        "bench",
+        "--pipeline",
+        "500",
+        "--runs",
+        "1",
+        "--guests",
+        "roll-back",
+    ]));
+    assert!(
+        md.contains("| native | ") && md.contains("| roll-back | "),
+        "{md}"
+    );
+}
+
 #[test]
 fn bench_opens_many_stores_and_sizes_follow_keys() {
     let out = ok(&txstore(&[

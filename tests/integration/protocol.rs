@@ -133,6 +133,13 @@ fn wipe_on_crash_exactly_once_survives_every_crash_point() {
     assert_exact("wipe-on-crash", "exactly-once");
 }
 
+/// The native store (wipe-on-crash in the host, no component) under the
+/// same crashes: the baseline is held to what it is compared with.
+#[test]
+fn the_native_store_survives_every_crash_point() {
+    assert_exact("native", "exactly-once");
+}
+
 /// At-least-once promises no loss: every count at least the true count.
 /// Its checkpoint is written after every commit, so a restart keeps the
 /// store and replays nothing: `during-restore` is never reached.

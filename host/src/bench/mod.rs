@@ -14,6 +14,7 @@
 //! transaction on disk and aborts; the time to open it again is measured.
 //! Write phases and recoveries run `runs` times; the medians are reported.
 
+pub mod pipeline;
 pub mod report;
 pub mod stores;
 

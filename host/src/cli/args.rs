@@ -295,6 +295,11 @@ pub(super) struct BenchArgs {
     /// Writer threads for --stores (stores split round-robin).
     #[arg(long, default_value_t = 1, requires = "stores")]
     pub(super) threads: usize,
+    /// Instead of the single-store figures: `txstore run` end to end over
+    /// this many input lines per processor (word count and kv), each guest
+    /// against the `native` store.
+    #[arg(long, value_name = "LINES", conflicts_with = "stores")]
+    pub(super) pipeline: Option<u64>,
     /// Runs per figure; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub(super) runs: usize,

@@ -34,6 +34,19 @@ pub(super) fn main(a: BenchArgs) -> Result<()> {
         let md = crate::bench::stores::markdown(&figures);
         return print_figures(a.format, &md, &figures, a.json.as_deref());
     }
+    if let Some(lines) = a.pipeline {
+        anyhow::ensure!(lines > 0, "--pipeline must be at least 1 line");
+        let opts = crate::bench::pipeline::Options {
+            lines,
+            guests,
+            guest_options: a.options,
+            runs: a.runs,
+            progress: std::io::stderr().is_terminal(),
+        };
+        let report = crate::bench::pipeline::run(&runtime, &opts)?;
+        let md = crate::bench::pipeline::markdown(&report);
+        return print_figures(a.format, &md, &report, a.json.as_deref());
+    }
     let recovery_sizes = if a.recovery_sizes.is_empty() {
         crate::bench::recovery_sizes_for(a.keys)
     } else {

@@ -15,6 +15,7 @@ mod store_instance;
 
 pub use host::GuestState;
 pub use instance::{CallError, EntryRef, Isolation, Recovery, RecoveryAction, WitError};
+pub use native::NAME as NATIVE;
 pub use store_instance::{StoreInstance, RANGE_PAGE};
 
 use anyhow::{bail, Context, Result};
