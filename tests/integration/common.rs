@@ -122,7 +122,11 @@ pub fn build_component(name: &str, feature: Option<&str>) -> PathBuf {
         name.replace('-', "_")
     ));
     let named = target.join(format!("{name}-{}.wasm", feature.unwrap_or("correct")));
-    std::fs::copy(built, &named).unwrap();
+    // Copied aside, then renamed over: a test of another thread may be
+    // loading the file an earlier build put there, and must see all of it.
+    let part = named.with_extension("wasm.part");
+    std::fs::copy(built, &part).unwrap();
+    std::fs::rename(&part, &named).unwrap();
     named
 }
 

@@ -156,28 +156,10 @@ pub fn sweep(processor: &Path) -> usize {
                 processor.display()
             );
             for p in *points {
-                let o = run(&config, Some(p));
-                assert_eq!(
-                    o.status.signal(),
-                    Some(6),
-                    "{context}: no abort at {p}: {}",
-                    stderr(&o)
-                );
+                crash_at(&config, &out, p, &want_out, &context);
                 crashes += 1;
-                let seen = committed(&out);
-                assert!(
-                    want_out.starts_with(&seen),
-                    "{context}: after the crash at {p} the committed output is not a prefix of the exact one"
-                );
             }
-            ok(&run(&config, None));
-            assert_eq!(scan(&config), want_store, "{context}: the store differs");
-            let seen = committed(&out);
-            assert!(
-                seen == want_out,
-                "{context}: the committed output differs: {}",
-                first_difference(&seen, &want_out)
-            );
+            finish(&config, &out, &want_store, &want_out, &context);
             let whole = std::fs::read_to_string(&out).unwrap();
             assert!(
                 whole == want_out,
@@ -187,6 +169,40 @@ pub fn sweep(processor: &Path) -> usize {
         }
     }
     crashes
+}
+
+/// A run that aborts at crash point `p`; a reader of the output then sees
+/// a prefix of the exact output `want_out`.
+fn crash_at(config: &Path, out: &Path, p: &str, want_out: &str, context: &str) {
+    let o = run(config, Some(p));
+    assert_eq!(
+        o.status.signal(),
+        Some(6),
+        "{context}: no abort at {p}: {}",
+        stderr(&o)
+    );
+    assert!(
+        want_out.starts_with(&committed(out)),
+        "{context}: after the crash at {p} the committed output is not a prefix of the exact one"
+    );
+}
+
+/// A run to the end; the store and the committed output are then exact.
+fn finish(
+    config: &Path,
+    out: &Path,
+    want_store: &BTreeMap<String, String>,
+    want_out: &str,
+    context: &str,
+) {
+    ok(&run(config, None));
+    assert_eq!(&scan(config), want_store, "{context}: the store differs");
+    let seen = committed(out);
+    assert!(
+        seen == want_out,
+        "{context}: the committed output differs: {}",
+        first_difference(&seen, want_out)
+    );
 }
 
 /// Where two outputs part, in one line.
@@ -324,26 +340,9 @@ fn a_processor_using_the_batched_calls_is_exact_after_crashes() {
             );
             let config = write_config(dir.path(), guest, &extra);
             let out = dir.path().join("state/out.tsv");
-            let context = format!("batch-processor under {guest}, crashed at {point}");
-            let o = run(&config, Some(point));
-            assert_eq!(
-                o.status.signal(),
-                Some(6),
-                "{context}: no abort: {}",
-                stderr(&o)
-            );
-            assert!(
-                want_out.starts_with(&committed(&out)),
-                "{context}: the committed output is not a prefix of the exact one"
-            );
-            ok(&run(&config, None));
-            assert_eq!(scan(&config), want_store, "{context}: the store differs");
-            let seen = committed(&out);
-            assert!(
-                seen == want_out,
-                "{context}: the committed output differs: {}",
-                first_difference(&seen, &want_out)
-            );
+            let context = format!("batch-processor under {guest}");
+            crash_at(&config, &out, point, &want_out, &context);
+            finish(&config, &out, &want_store, &want_out, &context);
         }
     }
 }
@@ -431,8 +430,7 @@ fn a_wrong_processor_is_refused_in_one_line() {
 /// nothing of its record is applied, and what committed before it stays.
 #[test]
 fn a_misbehaving_processor_is_stopped_by_the_sandbox() {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let wasm = BUILT.get_or_init(|| build_component("hostile-processor", None));
+    let wasm = hostile_processor();
     for (bad, says) in [
         ("spin", "exceeded its time limit of 300 ms"),
         ("grow", "exceeded its memory limit of 32 MiB"),
@@ -485,8 +483,7 @@ fn a_misbehaving_processor_is_stopped_by_the_sandbox() {
 /// gets a trap with a message, not the host's memory.
 #[test]
 fn state_outside_process_is_refused() {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let wasm = BUILT.get_or_init(|| build_component("hostile-processor", None));
+    let wasm = hostile_processor();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("input.txt"), "k\tv\n").unwrap();
     let config = write_config(

@@ -7,7 +7,7 @@ use super::bindings::v2::txstore::store::storage::{
 };
 use super::bindings::v2::txstore::store::types::{self, Error, MaybeValues, Packed};
 use super::host::{Answer, CursorRes, GuestState, KeyspaceRes};
-use super::packed::{self, PackedBuf};
+use super::packed::{into_packed, pack_values, unpack_arg as unpack, PackedBuf};
 use crate::storage::{Op, StorageError};
 use wasmtime::component::Resource;
 
@@ -26,26 +26,6 @@ type R<T> = wasmtime::Result<Result<T, Error>>;
 
 fn wit<T>(answer: Answer<T>) -> R<T> {
     answer.map(|r| r.map_err(Error::from))
-}
-
-/// The strings of `p` (`per` to an item), or the error a guest gets for a
-/// malformed buffer, naming the call.
-fn unpack<'a>(
-    call: &str,
-    p: &'a Packed,
-    per: usize,
-) -> Result<impl Iterator<Item = &'a [u8]>, Error> {
-    packed::check(&p.bytes, &p.ends, per).map_err(|why| {
-        Error::InvalidArgument(format!("{call}: malformed packed argument: {why}"))
-    })?;
-    Ok(packed::strings(&p.bytes, &p.ends))
-}
-
-fn into_packed(buf: PackedBuf) -> Packed {
-    Packed {
-        bytes: buf.bytes,
-        ends: buf.ends,
-    }
 }
 
 impl types::Host for GuestState {}
@@ -74,22 +54,7 @@ impl HostKeyspace for GuestState {
             Err(e) => return Ok(Err(e)),
         };
         let answers = GuestState::get_many(self, &this, &keys);
-        wit(answers.map(|r| {
-            r.map(|values| {
-                let mut out = PackedBuf::default();
-                let found = values
-                    .iter()
-                    .map(|v| {
-                        out.push(v.as_deref().unwrap_or_default());
-                        v.is_some()
-                    })
-                    .collect();
-                MaybeValues {
-                    values: into_packed(out),
-                    found,
-                }
-            })
-        }))
+        wit(answers.map(|r| r.map(|values| pack_values(&values))))
     }
 
     fn put(&mut self, this: Resource<KeyspaceRes>, key: Vec<u8>, value: Vec<u8>) -> R<()> {

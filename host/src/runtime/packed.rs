@@ -2,7 +2,7 @@
 //! `maybe-values`) on the host's side: checking what a guest hands over,
 //! walking it without copying, and building what the host sends.
 
-use super::bindings::v2::txstore::store::types::MaybeValues;
+use super::bindings::v2::txstore::store::types::{Error, MaybeValues, Packed};
 use wasmtime::component::{ComponentType, Lower};
 
 /// Packed strings borrowed from the host's own buffers, lowered into the
@@ -138,6 +138,43 @@ impl Page {
     /// The entries as owned pairs.
     pub fn to_pairs(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         self.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+    }
+}
+
+/// The strings of an argument a guest or a processor passed (`per` to an
+/// item), or the error it gets for a malformed buffer, naming the call.
+pub(crate) fn unpack_arg<'a>(
+    call: &str,
+    p: &'a Packed,
+    per: usize,
+) -> Result<impl Iterator<Item = &'a [u8]>, Error> {
+    check(&p.bytes, &p.ends, per).map_err(|why| {
+        Error::InvalidArgument(format!("{call}: malformed packed argument: {why}"))
+    })?;
+    Ok(strings(&p.bytes, &p.ends))
+}
+
+pub(crate) fn into_packed(buf: PackedBuf) -> Packed {
+    Packed {
+        bytes: buf.bytes,
+        ends: buf.ends,
+    }
+}
+
+/// Answers to a `get-many` as 0.2.0 sends them: one string and one flag
+/// per key asked.
+pub(crate) fn pack_values(values: &[Option<Vec<u8>>]) -> MaybeValues {
+    let mut out = PackedBuf::default();
+    let found = values
+        .iter()
+        .map(|v| {
+            out.push(v.as_deref().unwrap_or_default());
+            v.is_some()
+        })
+        .collect();
+    MaybeValues {
+        values: into_packed(out),
+        found,
     }
 }
 

@@ -10,7 +10,7 @@ use super::{Context, Input, Processor};
 use crate::error::Error;
 use crate::runtime::host::sandbox_wasi;
 use crate::runtime::limiter::GuestLimiter;
-use crate::runtime::packed::{self, PackedBuf};
+use crate::runtime::packed::{into_packed, pack_values, unpack_arg, PackedBuf};
 use crate::runtime::{CallError, Limits, LoadInfo, Runtime, World, WIT_VERSION};
 use anyhow::{Context as _, Result};
 use std::path::Path;
@@ -30,12 +30,14 @@ pub(crate) mod bindings {
         });
     }
 
-    /// The current processor world (0.2.0): keys and pages packed.
+    /// The current processor world (0.2.0): keys and pages packed, in
+    /// the store world's own types (one `Packed`, one `Error`).
     pub(crate) mod v2 {
         wasmtime::component::bindgen!({
             path: "../wit",
             world: "processor",
             imports: { default: trappable },
+            with: { "txstore:store/types": crate::runtime::bindings::v2::txstore::store::types },
         });
     }
 }
@@ -245,29 +247,15 @@ mod state_v1 {
     }
 }
 
-impl v2::txstore::store::types::Host for ProcessorState {}
+impl crate::runtime::bindings::v2::txstore::store::types::Host for ProcessorState {}
 
 /// `state` in 0.2.0's types: keys and pages packed.
 mod state_v2 {
     use super::v2::txstore::store::state::Host;
-    use super::v2::txstore::store::types::{Error, MaybeValues, Packed};
-    use super::{packed, PackedBuf, ProcessorState};
+    use super::{into_packed, pack_values, unpack_arg, PackedBuf, ProcessorState};
+    use crate::runtime::bindings::v2::txstore::store::types::{Error, MaybeValues, Packed};
 
     type R<T> = wasmtime::Result<Result<T, Error>>;
-
-    /// Checks a packed argument (`per` strings to an item).
-    fn checked(call: &str, p: &Packed, per: usize) -> Result<(), Error> {
-        packed::check(&p.bytes, &p.ends, per).map_err(|why| {
-            Error::InvalidArgument(format!("{call}: malformed packed argument: {why}"))
-        })
-    }
-
-    fn into_packed(buf: PackedBuf) -> Packed {
-        Packed {
-            bytes: buf.bytes,
-            ends: buf.ends,
-        }
-    }
 
     impl Host for ProcessorState {
         fn get(&mut self, key: Vec<u8>) -> R<Option<Vec<u8>>> {
@@ -276,29 +264,12 @@ mod state_v2 {
         }
 
         fn get_many(&mut self, keys: Packed) -> R<MaybeValues> {
-            if let Err(e) = checked("get-many", &keys, 1) {
-                return Ok(Err(e));
-            }
-            let keys: Vec<Vec<u8>> = packed::strings(&keys.bytes, &keys.ends)
-                .map(<[u8]>::to_vec)
-                .collect();
-            let r = self.ctx()?.get_many(&keys);
-            let values = match self.store(r)? {
-                Ok(values) => values,
+            let keys: Vec<Vec<u8>> = match unpack_arg("get-many", &keys, 1) {
+                Ok(keys) => keys.map(<[u8]>::to_vec).collect(),
                 Err(e) => return Ok(Err(e)),
             };
-            let mut out = PackedBuf::default();
-            let found = values
-                .iter()
-                .map(|v| {
-                    out.push(v.as_deref().unwrap_or_default());
-                    v.is_some()
-                })
-                .collect();
-            Ok(Ok(MaybeValues {
-                values: into_packed(out),
-                found,
-            }))
+            let r = self.ctx()?.get_many(&keys);
+            Ok(self.store(r)?.map(|values| pack_values(&values)))
         }
 
         fn range(&mut self, start: Option<Vec<u8>>, end: Option<Vec<u8>>, limit: u32) -> R<Packed> {
@@ -326,23 +297,20 @@ mod state_v2 {
         }
 
         fn put_many(&mut self, entries: Packed) -> R<()> {
-            if let Err(e) = checked("put-many", &entries, 2) {
-                return Ok(Err(e));
-            }
-            let writes: Vec<_> = packed::pairs(&entries.bytes, &entries.ends)
-                .map(|(k, v)| (k, Some(v)))
-                .collect();
+            let strings: Vec<&[u8]> = match unpack_arg("put-many", &entries, 2) {
+                Ok(strings) => strings.collect(),
+                Err(e) => return Ok(Err(e)),
+            };
+            let writes: Vec<_> = strings.chunks(2).map(|kv| (kv[0], Some(kv[1]))).collect();
             self.write_all(&writes)?;
             Ok(Ok(()))
         }
 
         fn delete_many(&mut self, keys: Packed) -> R<()> {
-            if let Err(e) = checked("delete-many", &keys, 1) {
-                return Ok(Err(e));
-            }
-            let writes: Vec<_> = packed::strings(&keys.bytes, &keys.ends)
-                .map(|k| (k, None))
-                .collect();
+            let writes: Vec<_> = match unpack_arg("delete-many", &keys, 1) {
+                Ok(keys) => keys.map(|k| (k, None)).collect(),
+                Err(e) => return Ok(Err(e)),
+            };
             self.write_all(&writes)?;
             Ok(Ok(()))
         }
