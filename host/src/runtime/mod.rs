@@ -3,6 +3,7 @@
 //! [`InstancePre`](wasmtime::component::InstancePre), each in its own
 //! `Store` with memory, table, instance and time limits.
 
+mod cache;
 mod exports;
 pub(crate) mod host;
 mod host_v1;
@@ -12,15 +13,20 @@ pub(crate) mod limiter;
 mod native;
 pub(crate) mod packed;
 mod store_instance;
+mod world;
 
+use cache::{check_cache, write_cache};
+pub use cache::{prune_cache, CACHE_MAX_BYTES};
 pub use host::GuestState;
 pub use instance::{CallError, EntryRef, Isolation, Recovery, RecoveryAction, WitError};
 pub use native::NAME as NATIVE;
 pub use store_instance::{StoreInstance, RANGE_PAGE};
+use world::{check_is_component, check_world};
+pub(crate) use world::{link_error, World};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
@@ -391,287 +397,8 @@ impl Runtime {
     }
 }
 
-/// A cached compilation ends in its CRC32C and this tag, so a truncated or
-/// damaged file is recompiled instead of being mapped as code.
-const CACHE_TAG: &[u8; 4] = b"TXCC";
-
-/// The most compiled code the cache keeps. Guests that embed a language
-/// runtime compile to tens of MB, and their builds are often not
-/// reproducible (each rebuild is a new hash), so the cache must forget.
-pub const CACHE_MAX_BYTES: u64 = 1 << 30;
-
-/// Removes the least recently used cache entries until the `.cwasm` files
-/// in `dir` fit in `max` bytes; `keep` (just written) is never removed.
-/// Best effort: a failure only leaves the cache larger.
-pub fn prune_cache(dir: &Path, max: u64, keep: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            Some((m.modified().ok()?, m.len(), e.path()))
-        })
-        .collect();
-    let mut total: u64 = files.iter().map(|f| f.1).sum();
-    files.sort();
-    for (_, len, path) in files {
-        if total <= max {
-            break;
-        }
-        if path != keep && std::fs::remove_file(&path).is_ok() {
-            tracing::info!(
-                "compiled-guest cache over {max} bytes: removed {}",
-                path.display()
-            );
-            total -= len;
-        }
-    }
-}
-
-fn write_cache(path: &Path, code: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap();
-    std::fs::create_dir_all(dir)?;
-    // Write aside and rename, so a reader never sees half a file.
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut tmp, code)?;
-    std::io::Write::write_all(&mut tmp, &crc32c::crc32c(code).to_le_bytes())?;
-    std::io::Write::write_all(&mut tmp, CACHE_TAG)?;
-    tmp.persist(path)?;
-    Ok(())
-}
-
-/// Checks a cached compilation's trailer: its CRC32C over the code.
-fn check_cache(path: &Path) -> Result<()> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let n = file.metadata()?.len();
-    if n < 8 {
-        anyhow::bail!("no trailer: truncated or not written by txstore");
-    }
-    let mut code = (&mut file).take(n - 8);
-    let mut crc = 0u32;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let got = code.read(&mut buf)?;
-        if got == 0 {
-            break;
-        }
-        crc = crc32c::crc32c_append(crc, &buf[..got]);
-    }
-    let mut trailer = [0u8; 8];
-    file.read_exact(&mut trailer)?;
-    if &trailer[4..] != CACHE_TAG {
-        anyhow::bail!("no trailer: truncated or not written by txstore");
-    }
-    if crc != u32::from_le_bytes(trailer[..4].try_into().unwrap()) {
-        anyhow::bail!("checksum mismatch");
-    }
-    Ok(())
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Refuses core modules and other files before wasmtime gives a less
-/// direct error.
-fn check_is_component(label: &str, bytes: &[u8]) -> Result<()> {
-    if bytes.len() < 8 || &bytes[0..4] != b"\0asm" {
-        bail!("guest {label} is not a WebAssembly file (no `\\0asm` header)");
-    }
-    // Bytes 4..8: version and layer; layer 1 is a component.
-    if bytes[6..8] != [1, 0] {
-        bail!(
-            "guest {label} is a core WebAssembly module, not a component: build it for wasm32-wasip2 \
-             (or wrap it with `wasm-tools component new`)"
-        );
-    }
-    Ok(())
-}
-
-/// What the linker offers a guest, for error messages.
-const PROVIDED: &str =
-    "txstore:store/storage and txstore:store/state, each @0.1.0 and @0.2.0, and WASI 0.2 \
-                        (cli, clocks, filesystem, io, random, sockets; with no files, environment, \
-                        network or clock)";
-
-/// One line for a failed link, naming the import wasmtime could not match
-/// (its message has the form "component imports instance `NAME`, but ...").
-pub(crate) fn link_error(label: &str, message: &str) -> anyhow::Error {
-    let name = message
-        .split_once("imports instance `")
-        .or_else(|| message.split_once("imports func `"))
-        .and_then(|(_, rest)| rest.split_once('`'))
-        .map(|(name, _)| name);
-    match name {
-        Some(name) => {
-            let why = message.split_once(": ").map_or(message, |(_, why)| why);
-            anyhow::anyhow!(
-                "guest {label} imports `{name}`, which this host does not provide in the form the guest expects \
-                 ({why}); the host links only {PROVIDED}: rebuild the guest without that import"
-            )
-        }
-        None => anyhow::anyhow!("guest {label} cannot be linked: {message}"),
-    }
-}
-
-/// The worlds of wit/ a component may implement.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum World {
-    /// A strategy: exports `state-store`, imports `storage`.
-    Store,
-    /// User logic: exports `processor`, imports `state`.
-    Processor,
-}
-
-impl World {
-    fn name(self) -> &'static str {
-        match self {
-            World::Store => "store",
-            World::Processor => "processor",
-        }
-    }
-
-    fn export(self) -> &'static str {
-        match self {
-            World::Store => "state-store",
-            World::Processor => "record-processor",
-        }
-    }
-
-    fn import(self) -> &'static str {
-        match self {
-            World::Store => "storage",
-            World::Processor => "state",
-        }
-    }
-
-    /// The versions of this world the host links, oldest first.
-    fn versions(self) -> &'static [&'static str] {
-        WIT_VERSIONS
-    }
-}
-
-/// Checks that the component exports our `world`'s interface at a version
-/// the host links, all of it at that one version, and imports nothing but
-/// that world's import and WASI. Returns (exports, imports, version).
-fn check_world(
-    label: &str,
-    engine: &Engine,
-    component: &Component,
-    world: World,
-) -> Result<(Vec<String>, Vec<String>, &'static str)> {
-    let ty = component.component_type();
-    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-    let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_string()).collect();
-    let ours = |name: &str| -> Option<(String, String)> {
-        let rest = name.strip_prefix(&format!("{WIT_PACKAGE}/"))?;
-        let (iface, version) = rest.split_once('@')?;
-        Some((iface.to_string(), version.to_string()))
-    };
-    let what = match world {
-        World::Store => "guest",
-        World::Processor => "processor",
-    };
-    // The kind first (a store named as a processor is told so, whatever
-    // its version), then the version.
-    if !exports
-        .iter()
-        .any(|n| ours(n).is_some_and(|(i, _)| i == world.export()))
-    {
-        bail!(
-            "{what} {label} does not export {WIT_PACKAGE}/{}@{} (it exports: {});{}",
-            world.export(),
-            world.versions()[world.versions().len() - 1],
-            if exports.is_empty() {
-                "nothing".to_string()
-            } else {
-                exports.join(", ")
-            },
-            other_world_hint(world, &exports, &ours)
-        );
-    }
-    let version = built_against(label, what, world, exports.iter().chain(&imports), &ours)?;
-    let provided = format!("{WIT_PACKAGE}/{}@{version} and WASI 0.2", world.import());
-    for name in &imports {
-        let allowed = match ours(name) {
-            Some((iface, _)) => iface == world.import() || iface == "types",
-            None => name.starts_with("wasi:"),
-        };
-        if !allowed {
-            bail!("{what} {label} imports `{name}`, which this host does not provide to a {} component; it links only {provided}", world.name());
-        }
-    }
-    Ok((exports, imports, version))
-}
-
-/// What to do about a component that does not export `world`'s interface:
-/// name it where its own world belongs, or build it against `world`.
-fn other_world_hint(
-    world: World,
-    exports: &[String],
-    ours: &dyn Fn(&str) -> Option<(String, String)>,
-) -> String {
-    let other = match world {
-        World::Store => World::Processor,
-        World::Processor => World::Store,
-    };
-    if exports
-        .iter()
-        .any(|n| ours(n).is_some_and(|(i, _)| i == other.export()))
-    {
-        format!(
-            " it is a {} component: name it in {}",
-            other.name(),
-            match other {
-                World::Store => "store.guest",
-                World::Processor => "task.processor",
-            }
-        )
-    } else {
-        format!(" build it against the `{}` world of wit/", world.name())
-    }
-}
-
-/// The one version of `world` that every name of our package in `names`
-/// has; refused when one is a version the host does not link, or when
-/// they mix two.
-fn built_against<'a>(
-    label: &str,
-    what: &str,
-    world: World,
-    names: impl Iterator<Item = &'a String>,
-    ours: &dyn Fn(&str) -> Option<(String, String)>,
-) -> Result<&'static str> {
-    let versions = world.versions();
-    let mut found: Option<&'static str> = None;
-    for name in names {
-        let Some((_, version)) = ours(name) else {
-            continue;
-        };
-        let Some(known) = versions.iter().copied().find(|v| *v == version) else {
-            let want = versions
-                .iter()
-                .map(|v| format!("{WIT_PACKAGE}@{v}"))
-                .collect::<Vec<_>>()
-                .join(" and ");
-            bail!(
-                "{what} {label} was built against {WIT_PACKAGE}@{version}, but this host provides {want} \
-                 for a {} component",
-                world.name()
-            );
-        };
-        match found {
-            Some(v) if v != known => bail!(
-                "{what} {label} mixes {WIT_PACKAGE}@{v} and @{known}: build it against one version"
-            ),
-            _ => found = Some(known),
-        }
-    }
-    Ok(found.unwrap_or(versions[versions.len() - 1]))
 }
 
 impl GuestComponent {
@@ -690,37 +417,5 @@ impl GuestComponent {
                 self, storage, store_name, limits,
             )?)),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prune_cache;
-    use std::time::{Duration, SystemTime};
-
-    /// Oldest first, until the rest fits; the entry just written stays even
-    /// when it alone is over the limit; other files are not touched.
-    #[test]
-    fn prune_removes_least_recently_used_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let t0 = SystemTime::now() - Duration::from_secs(1000);
-        let mut paths = Vec::new();
-        for (i, name) in ["old.cwasm", "mid.cwasm", "new.cwasm", "notes.txt"]
-            .iter()
-            .enumerate()
-        {
-            let p = dir.path().join(name);
-            std::fs::write(&p, vec![0u8; 100]).unwrap();
-            let f = std::fs::File::options().append(true).open(&p).unwrap();
-            f.set_modified(t0 + Duration::from_secs(i as u64 * 10))
-                .unwrap();
-            paths.push(p);
-        }
-        prune_cache(dir.path(), 250, &paths[2]);
-        let left: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
-        assert_eq!(left, [false, true, true, true]);
-        prune_cache(dir.path(), 50, &paths[2]);
-        let left: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
-        assert_eq!(left, [false, false, true, true]);
     }
 }
