@@ -72,18 +72,6 @@ impl Packed {
     }
 }
 
-// For the kit's own tests only: no guest compares packed buffers, and a
-// comparison outside a test would be one nothing checks.
-#[cfg(test)]
-impl PartialEq for Packed {
-    fn eq(&self, other: &Self) -> bool {
-        self.bytes == other.bytes && self.ends == other.ends
-    }
-}
-
-#[cfg(test)]
-impl Eq for Packed {}
-
 /// Answers to a batched get, built one by one in the order asked.
 impl MaybeValues {
     pub const fn new() -> Self {
