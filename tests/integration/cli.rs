@@ -13,6 +13,16 @@ fn inspect_builtin_prints_world_and_transactional() {
     assert!(out.contains("txstore:store/state-store@0.2.0"), "{out}");
 }
 
+/// `native` is no component: inspect says so rather than show a world,
+/// a hash or a compilation it never had.
+#[test]
+fn inspect_native_says_it_is_built_into_the_host() {
+    let out = ok(&txstore(&["inspect", "native"]));
+    assert!(out.contains("built into the host, not a component"), "{out}");
+    assert!(out.contains("transactional:  false"), "{out}");
+    assert!(!out.contains("sha256") && !out.contains("world:"), "{out}");
+}
+
 /// The first load compiles and writes the cache; the second must not compile.
 #[test]
 fn second_load_uses_the_compilation_cache() {

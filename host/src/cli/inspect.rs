@@ -21,6 +21,12 @@ pub(super) fn main(guest: &str) -> Result<()> {
     let storage = crate::storage::Backend::open_store(&backend, "inspect")?;
     let mut instance = component.instantiate(storage, "inspect", &runtime::Limits::default())?;
     let transactional = instance.transactional()?;
+    if component.is_native() {
+        // No component: nothing was compiled, hashed or linked.
+        println!("guest:          {source} (built into the host, not a component: wipe-on-crash in Rust, no sandbox)");
+        println!("transactional:  {transactional}");
+        return Ok(());
+    }
     println!("guest:          {source}");
     println!(
         "world:          {}/store@{}",

@@ -402,6 +402,11 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl GuestComponent {
+    /// The native store (`native.rs`), not a component.
+    pub fn is_native(&self) -> bool {
+        matches!(self.pre, GuestPre::Native)
+    }
+
     /// A fresh instance over `storage`, named `store_name` in logs.
     pub fn instantiate(
         &self,

@@ -230,12 +230,14 @@ impl<'a> Context<'a> {
     /// })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn get_many(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+    pub fn get_many<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>, Error> {
         self.index();
+        // Only the keys the store must answer are copied.
         let ask: Vec<Vec<u8>> = keys
             .iter()
+            .map(AsRef::as_ref)
             .filter(|k| self.unseen(k).is_none())
-            .cloned()
+            .map(<[u8]>::to_vec)
             .collect();
         let mut stored = self
             .store
@@ -243,7 +245,7 @@ impl<'a> Context<'a> {
             .into_iter();
         Ok(keys
             .iter()
-            .map(|k| match self.unseen(k) {
+            .map(|k| match self.unseen(k.as_ref()) {
                 Some(unseen) => unseen.map(<[u8]>::to_vec),
                 None => stored.next().expect("one answer per key asked"),
             })
@@ -476,7 +478,7 @@ impl Processor for WordCount {
         if counts.is_empty() {
             return Ok(());
         }
-        let keys: Vec<Vec<u8>> = counts.keys().cloned().collect();
+        let keys: Vec<&[u8]> = counts.keys().map(Vec::as_slice).collect();
         let current = ctx.get_many(&keys)?;
         for ((word, n), old) in counts.into_iter().zip(current) {
             let old = old

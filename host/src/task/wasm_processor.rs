@@ -264,8 +264,9 @@ mod state_v2 {
         }
 
         fn get_many(&mut self, keys: Packed) -> R<MaybeValues> {
-            let keys: Vec<Vec<u8>> = match unpack_arg("get-many", &keys, 1) {
-                Ok(keys) => keys.map(<[u8]>::to_vec).collect(),
+            // Slices of the processor's one buffer: no copy per key.
+            let keys: Vec<&[u8]> = match unpack_arg("get-many", &keys, 1) {
+                Ok(keys) => keys.collect(),
                 Err(e) => return Ok(Err(e)),
             };
             let r = self.ctx()?.get_many(&keys);
