@@ -101,6 +101,7 @@ impl MaybeValues {
         (0..self.len()).map(|i| self.get(i))
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,7 +123,9 @@ mod tests {
             );
         }
         let mut answers = MaybeValues::new();
+        assert!(answers.is_empty());
         answers.push(Some(b"v"));
+        assert!(!answers.is_empty());
         answers.push(None);
         answers.push(Some(b""));
         assert_eq!(answers.iter().collect::<Vec<_>>(), [Some(&b"v"[..]), None, Some(&b""[..])]);
