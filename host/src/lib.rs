@@ -66,6 +66,7 @@
 //! - `conformance`: the suite that crashes a guest everywhere and checks it;
 //! - `bench`: `txstore bench`, guests against plain RocksDB;
 //! - `config`: the TOML configuration;
+//! - `metrics`: the operator's Prometheus endpoint (`[metrics] listen`);
 //! - `tsv`: the escape of every `key<TAB>value` field the host writes.
 //!
 //! The integration tests and benches reach a few internals more through
@@ -83,6 +84,7 @@ pub(crate) mod crash;
 mod error;
 pub(crate) mod fault;
 pub(crate) mod file;
+pub(crate) mod metrics;
 pub(crate) mod mutants;
 pub(crate) mod rng;
 pub(crate) mod runtime;

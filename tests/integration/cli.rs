@@ -18,7 +18,10 @@ fn inspect_builtin_prints_world_and_transactional() {
 #[test]
 fn inspect_native_says_it_is_built_into_the_host() {
     let out = ok(&txstore(&["inspect", "native"]));
-    assert!(out.contains("built into the host, not a component"), "{out}");
+    assert!(
+        out.contains("built into the host, not a component"),
+        "{out}"
+    );
     assert!(out.contains("transactional:  false"), "{out}");
     assert!(!out.contains("sha256") && !out.contains("world:"), "{out}");
 }

@@ -11,6 +11,7 @@ mod kafka;
 mod kill_loop;
 mod kv;
 mod live;
+mod metrics;
 mod migrate;
 mod output;
 mod pipeline;

@@ -578,6 +578,23 @@ impl Changelog for EmbeddedLog {
     fn deletes_kept_from(&self) -> u64 {
         self.cleaning.deletes_kept_from
     }
+
+    fn figures(&self) -> Option<crate::metrics::ChangelogFigures> {
+        // Sealed segments by their length on disk (a stat each: called
+        // at most once a second), the active one by what was written.
+        let sealed = &self.segments[..self.segments.len().saturating_sub(1)];
+        let bytes = sealed
+            .iter()
+            .filter_map(|(_, p)| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum::<u64>()
+            + self.written_len;
+        Some(crate::metrics::ChangelogFigures {
+            bytes,
+            segments: self.segments.len() as u64,
+            cleaner_runs: self.cleaning.runs,
+        })
+    }
 }
 
 impl Drop for EmbeddedLog {

@@ -191,6 +191,11 @@ pub trait Changelog: Send {
             "this changelog is compacted by its broker (a compacted topic), not by txstore"
         )
     }
+    /// The log's size on disk and cleaning runs, for metrics; None when
+    /// the log lives elsewhere (a Kafka topic: the broker's metrics).
+    fn figures(&self) -> Option<crate::metrics::ChangelogFigures> {
+        None
+    }
     /// The committed end offset (0 for an empty log).
     fn end_offset(&self) -> u64 {
         self.last_commit().map_or(0, |c| c.offset)

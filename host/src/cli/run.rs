@@ -17,6 +17,8 @@ use std::time::Instant;
 
 pub(super) fn run(config_path: &PathBuf, input: Option<PathBuf>, json: bool) -> Result<()> {
     let config = Config::load(config_path)?;
+    // Before any task opens, so a long restore shows in it.
+    let _metrics = serve_metrics(&config)?;
     if config.kafka_input().is_some() {
         anyhow::ensure!(
             input.is_none(),
@@ -157,6 +159,16 @@ fn run_partitions(config: &Config, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The `[metrics]` endpoint, when the config asks for one.
+fn serve_metrics(config: &Config) -> Result<Option<crate::metrics::Server>> {
+    let Some(listen) = &config.metrics.listen else {
+        return Ok(None);
+    };
+    let server = crate::metrics::serve(listen)?;
+    eprintln!("txstore: metrics at http://{}/metrics", server.addr());
+    Ok(Some(server))
 }
 
 /// Set once SIGTERM or SIGINT arrives: the run then stops cleanly.

@@ -29,6 +29,8 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub runtime: RuntimeConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// The directory relative paths are resolved against (the file's own).
     #[serde(skip)]
     pub base: PathBuf,
@@ -74,6 +76,15 @@ pub struct RuntimeConfig {
     /// Where compiled guests are cached; defaults to `$XDG_CACHE_HOME/txstore`
     /// or `~/.cache/txstore`.
     pub cache_dir: Option<PathBuf>,
+}
+
+/// `[metrics]`: the Prometheus endpoint of `txstore run` (docs/metrics.md).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `host:port` to serve `GET /metrics` on (port 0: any free port,
+    /// printed at start); off when absent.
+    pub listen: Option<String>,
 }
 
 /// The `--option key=value` arguments that hand `options` to a child process.
@@ -179,6 +190,7 @@ impl Config {
             changelog: ChangelogConfig::default(),
             limits: Limits::default(),
             runtime: RuntimeConfig::default(),
+            metrics: MetricsConfig::default(),
             base: PathBuf::new(),
             partition_task: None,
         }

@@ -85,8 +85,9 @@ pub struct WasmInstance {
     /// failed (the store is then in an unknown state until a new instance
     /// recovers it).
     dead: Option<&'static str>,
-    /// Export calls made, by function (the conformance suite's coverage).
-    calls: std::collections::BTreeMap<&'static str, u64>,
+    /// Export calls made, by function (the conformance suite's coverage;
+    /// their time when metrics are on).
+    calls: super::CallStats,
 }
 
 impl WasmInstance {
@@ -140,7 +141,7 @@ impl WasmInstance {
         phase: Phase,
         f: impl FnOnce(&Api, &mut Store<GuestState>) -> wasmtime::Result<Result<T, WitError>>,
     ) -> Result<T, CallError> {
-        *self.calls.entry(func).or_default() += 1;
+        let started = self.calls.begin(func);
         if let Some(why) = self.dead {
             return Err(self.trap(func, why.into()));
         }
@@ -148,6 +149,7 @@ impl WasmInstance {
         self.store.data_mut().phase = phase;
         let result = f(&self.api, &mut self.store);
         self.store.data_mut().phase = Phase::Other;
+        self.calls.end(func, started);
         match result {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(err)) => Err(CallError::Guest {
@@ -176,7 +178,7 @@ impl WasmInstance {
     }
 
     /// Export calls made so far, by function.
-    pub fn call_counts(&self) -> &std::collections::BTreeMap<&'static str, u64> {
+    pub fn calls(&self) -> &super::CallStats {
         &self.calls
     }
 

@@ -4,6 +4,7 @@
 //! `Store` with memory, table, instance and time limits.
 
 mod cache;
+mod calls;
 mod exports;
 pub(crate) mod host;
 mod host_v1;
@@ -17,6 +18,7 @@ mod world;
 
 use cache::{check_cache, write_cache};
 pub use cache::{prune_cache, CACHE_MAX_BYTES};
+pub use calls::CallStats;
 pub use host::GuestState;
 pub use instance::{CallError, EntryRef, Isolation, Recovery, RecoveryAction, WitError};
 pub use native::NAME as NATIVE;

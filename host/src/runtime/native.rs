@@ -15,7 +15,6 @@ use super::instance::{CallError, EntryRef, Isolation, Recovery, RecoveryAction, 
 use super::packed::Page;
 use crate::crash::{self, Phase};
 use crate::storage::{KeyspaceId, Op, StorageError, StoreStorage, MAX_CURSOR_BATCH};
-use std::collections::BTreeMap;
 
 /// The name a config gives it (`store.guest = "native"`).
 pub const NAME: &str = "native";
@@ -30,7 +29,7 @@ pub struct NativeInstance {
     uncommitted_bytes: u64,
     /// Why it takes no more calls (a failed commit).
     dead: Option<&'static str>,
-    calls: BTreeMap<&'static str, u64>,
+    calls: super::CallStats,
 }
 
 impl NativeInstance {
@@ -41,7 +40,7 @@ impl NativeInstance {
             keyspaces: None,
             uncommitted_bytes: 0,
             dead: None,
-            calls: BTreeMap::new(),
+            calls: Default::default(),
         }
     }
 
@@ -49,7 +48,7 @@ impl NativeInstance {
         NAME
     }
 
-    pub fn call_counts(&self) -> &BTreeMap<&'static str, u64> {
+    pub fn calls(&self) -> &super::CallStats {
         &self.calls
     }
 
@@ -65,7 +64,7 @@ impl NativeInstance {
         phase: Phase,
         f: impl FnOnce(&mut Self, Phase) -> Result<T, WitError>,
     ) -> Result<T, CallError> {
-        *self.calls.entry(func).or_default() += 1;
+        let started = self.calls.begin(func);
         if let Some(why) = self.dead {
             return Err(CallError::Trap {
                 guest: NAME.into(),
@@ -73,7 +72,9 @@ impl NativeInstance {
                 reason: why.into(),
             });
         }
-        f(self, phase).map_err(|err| CallError::Guest {
+        let result = f(self, phase);
+        self.calls.end(func, started);
+        result.map_err(|err| CallError::Guest {
             guest: NAME.into(),
             func,
             err,

@@ -34,7 +34,12 @@ impl StoreInstance {
 
     /// Export calls made so far, by function.
     pub fn call_counts(&self) -> &std::collections::BTreeMap<&'static str, u64> {
-        either!(self, i => i.call_counts())
+        self.calls().counts()
+    }
+
+    /// Export calls made so far, with their time when metrics are on.
+    pub fn calls(&self) -> &super::CallStats {
+        either!(self, i => i.calls())
     }
 
     pub fn is_dead(&self) -> bool {

@@ -49,6 +49,8 @@ pub struct TaskStats {
     /// by an early commit and a retry).
     pub limit_refusals: u64,
     pub input_bytes: u64,
+    /// Output records emitted (`task.output`).
+    pub output_records: u64,
     /// At a clean close: the checkpointed offset and the input position
     /// committed with it.
     pub closed_at: u64,
@@ -65,6 +67,7 @@ impl TaskStats {
         self.early_commits += other.early_commits;
         self.limit_refusals += other.limit_refusals;
         self.input_bytes += other.input_bytes;
+        self.output_records += other.output_records;
     }
 }
 
@@ -95,6 +98,8 @@ pub struct Task {
     checkpoint_each_commit: bool,
     /// Where output records go (`task.output`), if anywhere.
     output: Option<Output>,
+    /// The task's metrics (a no-op unless the process serves them).
+    metrics: crate::metrics::TaskMetrics,
     // Keeps the storage (and its lock) alive as long as the task.
     _backend: Arc<dyn Backend>,
     // The state directory's lock, held as long as the task.
@@ -381,8 +386,9 @@ impl Task {
             match &mut self.output {
                 Some(Output::Changelog) => self.changelog.emit(output)?,
                 Some(Output::File(f)) => f.emit(output)?,
-                None => {}
+                None => return Ok(()),
             }
+            self.stats.output_records += output.len() as u64;
         }
         Ok(())
     }
@@ -451,8 +457,37 @@ impl Task {
     }
 
     fn commit_inner(&mut self) -> Result<()> {
+        let started = Instant::now();
         self.flush_cache()?;
-        self.commit_at((self.input_position, self.input_check))
+        self.commit_at((self.input_position, self.input_check))?;
+        if self.metrics.is_on() {
+            self.metrics.committed(started.elapsed());
+            self.publish_metrics(false);
+        }
+        Ok(())
+    }
+
+    /// Hands the task's counters to the metrics registry; the changelog's
+    /// size (a stat per segment) at most once a second unless `all`.
+    fn publish_metrics(&mut self, all: bool) {
+        if !self.metrics.is_on() {
+            return;
+        }
+        let figures = crate::metrics::TaskFigures {
+            records: self.stats.records,
+            writes: self.stats.writes,
+            output_records: self.stats.output_records,
+            commits: self.stats.commits,
+            early_commits: self.stats.early_commits,
+            calls: self.instance.calls().figures(),
+            guest_memory_bytes: self.instance.peak_memory_bytes(),
+        };
+        self.metrics.publish(&figures);
+        if self.metrics.changelog_due(all) {
+            if let Some(c) = self.changelog.figures() {
+                self.metrics.publish_changelog(c);
+            }
+        }
     }
 
     /// The commit protocol at the input boundary `at`: everything the
@@ -541,6 +576,7 @@ impl Task {
         }
         self.stats.closed_at = end;
         self.stats.committed_steps = self.committed_input_position();
+        self.publish_metrics(true);
         Ok(())
     }
 

@@ -136,6 +136,7 @@ impl Task {
             stats: TaskStats::default(),
             checkpoint_each_commit,
             output: None,
+            metrics: crate::metrics::TaskMetrics::new(&config.store.name),
             _backend: backend,
             _lock: lock,
         };
@@ -223,14 +224,22 @@ impl Task {
         // and deletes), so an early commit there claims the start.
         let kept_from = self.changelog.deletes_kept_from();
         let mut flushes = 0u64;
+        let metrics = &self.metrics;
+        metrics.restored(0, end - start.min(end));
         let mut flush = |batch: &mut Vec<Replayed>, safe: &mut u64| -> Result<()> {
             let mut run: Vec<Record> = Vec::new();
+            let mut applied = 0u64;
+            let mut at = *safe;
             for item in batch.drain(..) {
                 match item {
-                    Replayed::Record(r) => run.push(r),
+                    Replayed::Record(r) => {
+                        applied += 1;
+                        run.push(r)
+                    }
                     Replayed::Commit(o) => {
                         apply_with_early_commit(instance, &run, *safe)?;
                         run.clear();
+                        at = at.max(o);
                         if o >= kept_from {
                             *safe = o;
                         }
@@ -238,6 +247,7 @@ impl Task {
                 }
             }
             apply_with_early_commit(instance, &run, *safe)?;
+            metrics.restored(applied, end - at.min(end));
             flushes += 1;
             if flushes == 1 {
                 crash::step("during-restore");
@@ -266,6 +276,7 @@ impl Task {
             self.instance.commit(end)?;
             self.changelog.store_committed(end)?;
         }
+        self.metrics.restored(0, 0);
         Ok((records, txns))
     }
 }

@@ -33,6 +33,8 @@ pub(super) struct Cleaning {
     /// The segments a clean wrote: base offset -> their header's clean
     /// point. The log's clean point is the last one's.
     pub(super) cleaned: std::collections::BTreeMap<u64, u64>,
+    /// Passes taken in since open (metrics).
+    pub(super) runs: u64,
 }
 
 impl Cleaning {
@@ -52,6 +54,7 @@ impl Cleaning {
             check_due: true,
             deletes_kept_from,
             cleaned,
+            runs: 0,
         }
     }
 }
@@ -270,6 +273,7 @@ impl EmbeddedLog {
             total.add(&g.stats);
         }
         total.passes = 1;
+        self.cleaning.runs += 1;
         total.index_capacity = outcome.index_capacity as u64;
         total.clean_to = self.clean_point();
         total.log_end = outcome.end;
