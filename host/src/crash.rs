@@ -22,7 +22,10 @@
 //!   ([`crate::file`]); storage keeps only its synced writes. With a seed,
 //!   a random choice among what the hardware may also keep: some of the
 //!   4 KiB pages written since the last fsync (others zero or old), and a
-//!   random prefix of the unsynced storage write batches.
+//!   random prefix of the unsynced storage write batches;
+//! - `+stall:MS`: no crash: the thread stops there for MS milliseconds and
+//!   goes on, as on a slow disk or a stalled machine (a restore longer
+//!   than the consumer group allows a member to be silent).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -131,6 +134,8 @@ pub enum Mode {
     /// A simulated machine crash; the seed picks what unsynced data the
     /// hardware kept (none: nothing unsynced is kept).
     Power(Option<u64>),
+    /// No crash: a pause of this many milliseconds.
+    Stall(u64),
 }
 
 /// A crash point as armed: where, and what the crash keeps.
@@ -148,6 +153,15 @@ impl std::str::FromStr for Armed {
             return Ok(Armed {
                 point: p.parse()?,
                 mode: Mode::Flush,
+            });
+        }
+        if let Some((p, ms)) = s.split_once("+stall:") {
+            let ms = ms.parse::<u64>().map_err(|_| {
+                format!("crash point `{s}`: `{ms}` is not milliseconds (+stall:MS)")
+            })?;
+            return Ok(Armed {
+                point: p.parse()?,
+                mode: Mode::Stall(ms),
             });
         }
         if let Some((p, power)) = s.split_once("+power") {
@@ -178,6 +192,7 @@ impl std::fmt::Display for Armed {
             Mode::Flush => write!(f, "+flush"),
             Mode::Power(None) => write!(f, "+power"),
             Mode::Power(Some(seed)) => write!(f, "+power:{seed}"),
+            Mode::Stall(ms) => write!(f, "+stall:{ms}"),
         }
     }
 }
@@ -282,6 +297,16 @@ fn armed() -> Option<&'static CrashPoint> {
     ARMED.get().and_then(Option::as_ref).map(|a| &a.point)
 }
 
+/// The armed point is reached: crash, or stall and go on.
+fn hit(point: &CrashPoint) {
+    if let Some(Mode::Stall(ms)) = armed_mode() {
+        eprintln!("txstore: crash point {point} reached: stalling {ms} ms, then going on");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        return;
+    }
+    crash(point)
+}
+
 fn crash(point: &CrashPoint) -> ! {
     if let Some(
         armed @ Armed {
@@ -357,7 +382,7 @@ pub fn step(name: &'static str) {
     ) = armed()
     {
         if armed == name && STEP_HITS.fetch_add(1, Ordering::Relaxed) + 1 == *occurrence {
-            crash(p);
+            hit(p);
         }
     }
 }
@@ -379,10 +404,11 @@ pub fn storage_call(phase: Phase) -> u64 {
         Phase::Other => return 0,
     };
     match (armed(), phase) {
-        (Some(p @ CrashPoint::CommitCall(k)), Phase::Commit) if *k == n => crash(p),
-        (Some(p @ CrashPoint::RecoverCall(k)), Phase::Recover) if *k == n => crash(p),
-        _ => n,
+        (Some(p @ CrashPoint::CommitCall(k)), Phase::Commit) if *k == n => hit(p),
+        (Some(p @ CrashPoint::RecoverCall(k)), Phase::Recover) if *k == n => hit(p),
+        _ => {}
     }
+    n
 }
 
 /// Times each protocol step was reached so far, in [`STEPS`] order.
@@ -459,6 +485,7 @@ mod tests {
             "after-write+flush",
             "commit-call:3+power",
             "during-restore@2+power:17",
+            "during-restore+stall:8000",
         ] {
             assert_eq!(s.parse::<Armed>().unwrap().to_string(), s);
         }
@@ -466,6 +493,8 @@ mod tests {
             "after-write+power:",
             "after-write+power:x",
             "after-write+powerx",
+            "after-write+stall:",
+            "after-write+stall:soon",
         ] {
             assert!(bad.parse::<Armed>().is_err(), "{bad} accepted");
         }

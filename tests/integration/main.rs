@@ -19,5 +19,6 @@ mod polyglot;
 mod power;
 mod processors;
 mod protocol;
+mod restore;
 mod sandbox;
 mod strategies;

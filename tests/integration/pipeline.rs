@@ -260,11 +260,23 @@ impl Pipeline {
     }
 
     pub fn spawn_with(&self, config: &Path, label: &str, args: &[&str]) -> Process {
+        self.spawn_env(config, label, args, &[])
+    }
+
+    /// [`Pipeline::spawn_with`] with more environment variables.
+    pub fn spawn_env(
+        &self,
+        config: &Path,
+        label: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Process {
         let log = std::fs::File::create(self.dir.path().join(format!("{label}.log"))).unwrap();
         let child = Command::new(bin())
             .args(["run", "--config"])
             .arg(config)
             .args(args)
+            .envs(env.iter().copied())
             .env("TXSTORE_LOG", "txstore=info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

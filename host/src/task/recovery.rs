@@ -226,6 +226,7 @@ impl Task {
         let mut flushes = 0u64;
         let metrics = &self.metrics;
         metrics.restored(0, end - start.min(end));
+        let mut progress = RestoreProgress::new(&self.config.store.name, start, end);
         let mut flush = |batch: &mut Vec<Replayed>, safe: &mut u64| -> Result<()> {
             let mut run: Vec<Record> = Vec::new();
             let mut applied = 0u64;
@@ -248,6 +249,7 @@ impl Task {
             }
             apply_with_early_commit(instance, &run, *safe)?;
             metrics.restored(applied, end - at.min(end));
+            progress.tick(at, applied);
             flushes += 1;
             if flushes == 1 {
                 crash::step("during-restore");
@@ -277,7 +279,70 @@ impl Task {
             self.changelog.store_committed(end)?;
         }
         self.metrics.restored(0, 0);
+        progress.done(records);
         Ok((records, txns))
+    }
+}
+
+/// A long restore says where it is: one line on stderr (a terminal, a
+/// service's journal) every `TXSTORE_PROGRESS_MS` (10 s), none for a
+/// restore shorter than that.
+struct RestoreProgress<'a> {
+    store: &'a str,
+    start: u64,
+    end: u64,
+    every: Duration,
+    started: Instant,
+    last: Instant,
+    records: u64,
+    printed: bool,
+}
+
+impl<'a> RestoreProgress<'a> {
+    fn new(store: &'a str, start: u64, end: u64) -> Self {
+        RestoreProgress {
+            store,
+            start,
+            end,
+            every: super::feed::progress_every(),
+            started: Instant::now(),
+            last: Instant::now(),
+            records: 0,
+            printed: false,
+        }
+    }
+
+    /// `records` more replayed; the changelog is applied up to `at`.
+    fn tick(&mut self, at: u64, records: u64) {
+        self.records += records;
+        if self.last.elapsed() < self.every {
+            return;
+        }
+        let secs = self.started.elapsed().as_secs_f64();
+        let done = at.saturating_sub(self.start);
+        let rate = done as f64 / secs.max(1e-3);
+        let left = self.end.saturating_sub(at);
+        eprintln!(
+            "restoring {}: changelog offset {at} of {} ({:.1}%), {} records replayed, {:.0} offsets/s, eta {:.0} s",
+            self.store,
+            self.end,
+            100.0 * done as f64 / (self.end - self.start).max(1) as f64,
+            self.records,
+            rate,
+            left as f64 / rate.max(1.0)
+        );
+        self.last = Instant::now();
+        self.printed = true;
+    }
+
+    fn done(&self, records: u64) {
+        if self.printed {
+            eprintln!(
+                "restored {}: {records} records replayed in {:.1} s",
+                self.store,
+                self.started.elapsed().as_secs_f64()
+            );
+        }
     }
 }
 

@@ -6,10 +6,14 @@
 //!
 //! Partitions reach the process from the input's consumer group (or a
 //! static list). A partition is opened (recovered, its changelog tail
-//! replayed) before the consumer is told where to read it from: the input
-//! position committed in its changelog transaction (which is also the
-//! group's offset for that partition, so the group's lag shows in Kafka's
-//! tools), so input, state and output move together. A revoked partition
+//! replayed) before the consumer reads it, from the input position
+//! committed in its changelog transaction (which is also the group's
+//! offset for that partition, so the group's lag shows in Kafka's tools),
+//! so input, state and output move together. A group's partition is
+//! assigned paused and restores on its worker outside the rebalance
+//! callback, while the poll loop goes on polling (so a restore longer
+//! than `max.poll.interval.ms` does not evict the member); once open, the
+//! consumer seeks to its position and resumes it. A revoked partition
 //! commits and closes before the consumer lets it go; a lost one (this
 //! process missed its session) is dropped without a commit, since another
 //! process may already own it. A process that keeps writing after its
@@ -18,9 +22,10 @@
 //!
 //! Threads: the consumer is polled on the calling thread, which also runs
 //! the rebalance callbacks; records go to the worker that owns their
-//! partition (partition mod threads) over a bounded channel, so a slow
-//! worker slows the poll loop rather than filling memory. The workers are
-//! in `worker.rs`.
+//! partition (partition mod threads) over a bounded channel. A worker
+//! whose queue is full (busy restoring, or slow) has its partitions
+//! paused until it catches up, so it neither fills memory nor stops the
+//! polling. The workers are in `worker.rs`.
 
 mod worker;
 
@@ -35,9 +40,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SyncSender};
-use std::sync::Mutex;
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use worker::{work, Command};
 
@@ -94,41 +100,244 @@ struct Rebalancer {
     topic: String,
     workers: Vec<SyncSender<Command>>,
     shared: std::sync::Arc<Shared>,
+    /// What the rebalance callbacks and the poll loop share (both run on
+    /// the polling thread; the lock is for the context's `Sync`).
+    flow: Mutex<Flow>,
+}
+
+/// Partitions held back from their workers.
+#[derive(Default)]
+struct Flow {
+    /// Assigned, paused, opening on their worker: its answer to come (the
+    /// input position to resume at), and the flag that cancels the open.
+    restoring: BTreeMap<i32, Opening>,
+    /// Per worker: records polled while its queue was full, in order.
+    backlog: Vec<VecDeque<Command>>,
+    /// Workers whose partitions are paused because of their backlog.
+    stalled: BTreeSet<usize>,
 }
 
 fn worker_of(partition: i32, workers: usize) -> usize {
     partition as usize % workers
 }
 
+/// An open under way on a worker.
+type Opening = (Receiver<Result<u64>>, Arc<AtomicBool>);
+
+/// Where to read a partition from: its task's input position (offset 0
+/// is the beginning, even after retention moved it).
+fn resume_offset(position: u64) -> Offset {
+    match position {
+        0 => Offset::Beginning,
+        n => Offset::Offset(n as i64),
+    }
+}
+
 impl Rebalancer {
-    /// Opens `partitions` on their workers (in parallel across workers)
-    /// and returns where each resumes.
-    fn open(&self, partitions: &[i32]) -> Result<Vec<(i32, Offset)>> {
+    /// Starts opening `partitions` on their workers (in parallel across
+    /// workers): one answer per partition, its input position.
+    fn start_opens(&self, partitions: &[i32]) -> Result<Vec<(i32, Opening)>> {
         let mut replies = Vec::new();
         for &p in partitions {
             let (reply, rx) = mpsc::channel();
+            let cancel = Arc::new(AtomicBool::new(false));
             self.workers[worker_of(p, self.workers.len())]
                 .send(Command::Open {
                     partition: p,
                     reply,
+                    cancel: cancel.clone(),
                 })
                 .map_err(|_| anyhow!("a worker thread has stopped"))?;
-            replies.push((p, rx));
+            replies.push((p, (rx, cancel)));
         }
-        replies
+        Ok(replies)
+    }
+
+    /// Opens `partitions` and waits for them: where each resumes (the
+    /// static assignment, which no group can evict).
+    fn open(&self, partitions: &[i32]) -> Result<Vec<(i32, Offset)>> {
+        self.start_opens(partitions)?
             .into_iter()
-            .map(|(p, rx)| {
+            .map(|(p, (rx, _))| {
                 let position = rx
                     .recv()
                     .map_err(|_| anyhow!("a worker thread has stopped"))??;
-                // Offset 0 is the beginning, even after retention moved it.
-                let offset = match position {
-                    0 => Offset::Beginning,
-                    n => Offset::Offset(n as i64),
-                };
-                Ok((p, offset))
+                Ok((p, resume_offset(position)))
             })
             .collect()
+    }
+
+    /// A group's partitions are assigned: paused at once, then opened on
+    /// their workers while the poll loop goes on ([`Rebalancer::resume_ready`]).
+    fn assign(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &mut TopicPartitionList,
+        partitions: &[i32],
+        cooperative: bool,
+    ) -> Result<()> {
+        // A placeholder start: nothing is fetched while paused, and the
+        // consumer seeks to the task's position before it resumes.
+        for &p in partitions {
+            tpl.set_partition_offset(&self.topic, p, Offset::Beginning)?;
+        }
+        if cooperative {
+            consumer.incremental_assign(tpl)?
+        } else {
+            consumer.assign(tpl)?
+        }
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        consumer.pause(tpl)?;
+        // After a failure nothing more opens: the run is stopping.
+        if self.shared.failed() {
+            return Ok(());
+        }
+        let opening = self.start_opens(partitions)?;
+        self.flow.lock().unwrap().restoring.extend(opening);
+        Ok(())
+    }
+
+    /// Resumes every partition whose task has opened, at its position.
+    fn resume_ready(&self, consumer: &BaseConsumer<Self>) -> Result<()> {
+        let mut flow = self.flow.lock().unwrap();
+        let mut ready = Vec::new();
+        for (&p, (rx, _)) in &flow.restoring {
+            match rx.try_recv() {
+                Ok(answer) => ready.push((p, answer?)),
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => bail!("a worker thread has stopped"),
+            }
+        }
+        for (p, position) in ready {
+            flow.restoring.remove(&p);
+            consumer
+                .seek(
+                    &self.topic,
+                    p,
+                    resume_offset(position),
+                    Duration::from_secs(30),
+                )
+                .with_context(|| {
+                    format!("input: cannot seek partition {p} to offset {position}")
+                })?;
+            if !flow.stalled.contains(&worker_of(p, self.workers.len())) {
+                consumer.resume(&self.one(p)?)?;
+            }
+            tracing::info!(
+                partition = p,
+                position,
+                "partition restored, reading from its position"
+            );
+        }
+        Ok(())
+    }
+
+    /// Hands a polled record to its worker without blocking: behind a
+    /// full queue it waits in the worker's backlog, and the worker's
+    /// partitions pause until the backlog drains ([`Rebalancer::drain`]).
+    /// False when the worker has stopped (its error is in `shared`).
+    fn dispatch(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        partition: i32,
+        record: Command,
+    ) -> Result<bool> {
+        let mut flow = self.flow.lock().unwrap();
+        if flow.restoring.contains_key(&partition) {
+            // Fetched before the pause took hold: the seek at its
+            // resumption reads it again.
+            return Ok(true);
+        }
+        let w = worker_of(partition, self.workers.len());
+        if !flow.backlog[w].is_empty() {
+            flow.backlog[w].push_back(record);
+            return Ok(true);
+        }
+        match self.workers[w].try_send(record) {
+            Ok(()) => Ok(true),
+            Err(TrySendError::Disconnected(_)) => Ok(false),
+            Err(TrySendError::Full(record)) => {
+                flow.backlog[w].push_back(record);
+                if flow.stalled.insert(w) {
+                    let held = self.active_of(consumer, &flow, w)?;
+                    if held.count() > 0 {
+                        consumer.pause(&held)?;
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Moves backlogged records to workers whose queues have room, and
+    /// resumes a worker's partitions once its backlog is empty.
+    fn drain(&self, consumer: &BaseConsumer<Self>) -> Result<bool> {
+        let mut flow = self.flow.lock().unwrap();
+        let stalled: Vec<usize> = flow.stalled.iter().copied().collect();
+        for w in stalled {
+            while let Some(record) = flow.backlog[w].pop_front() {
+                match self.workers[w].try_send(record) {
+                    Ok(()) => {}
+                    Err(TrySendError::Disconnected(_)) => return Ok(false),
+                    Err(TrySendError::Full(record)) => {
+                        flow.backlog[w].push_front(record);
+                        break;
+                    }
+                }
+            }
+            if flow.backlog[w].is_empty() {
+                let held = self.active_of(consumer, &flow, w)?;
+                flow.stalled.remove(&w);
+                if held.count() > 0 {
+                    consumer.resume(&held)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Worker `w`'s assigned partitions that are not restoring.
+    fn active_of(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        flow: &Flow,
+        w: usize,
+    ) -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for p in owned_partitions(consumer, &self.topic) {
+            if worker_of(p, self.workers.len()) == w && !flow.restoring.contains_key(&p) {
+                tpl.add_partition(&self.topic, p);
+            }
+        }
+        Ok(tpl)
+    }
+
+    fn one(&self, p: i32) -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topic, p);
+        Ok(tpl)
+    }
+
+    /// Revoked partitions leave the flow: an open under way is cancelled
+    /// (its worker skips it, or closes the task as soon as it has
+    /// opened, so the callback does not wait for a restore), and records
+    /// held back are dropped (the next owner reads them again). Returns
+    /// the partitions whose tasks are open, to close.
+    fn forget(&self, partitions: &[i32]) -> Vec<i32> {
+        let mut flow = self.flow.lock().unwrap();
+        let mut open = Vec::new();
+        for &p in partitions {
+            match flow.restoring.remove(&p) {
+                Some((_, cancel)) => cancel.store(true, Ordering::Relaxed),
+                None => open.push(p),
+            }
+        }
+        for backlog in &mut flow.backlog {
+            backlog.retain(|c| !matches!(c, Command::Record { partition, .. } if partitions.contains(partition)));
+        }
+        open
     }
 
     fn close(&self, partitions: &[i32], lost: bool) -> Result<()> {
@@ -196,27 +405,13 @@ impl ConsumerContext for Rebalancer {
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 tracing::info!(?partitions, "assigned");
-                // After a failure nothing more opens: the run is stopping.
-                let opened = if self.shared.failed() {
-                    Ok(Vec::new())
-                } else {
-                    self.open(&partitions)
-                };
-                opened.and_then(|offsets| {
-                    for (p, offset) in offsets {
-                        tpl.set_partition_offset(&self.topic, p, offset)?;
-                    }
-                    Ok(if cooperative {
-                        consumer.incremental_assign(tpl)?
-                    } else {
-                        consumer.assign(tpl)?
-                    })
-                })
+                self.assign(consumer, tpl, &partitions, cooperative)
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();
                 tracing::info!(?partitions, lost, "revoked");
-                let closed = self.close(&partitions, lost);
+                let open = self.forget(&partitions);
+                let closed = self.close(&open, lost);
                 let released = if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {
@@ -290,6 +485,10 @@ pub fn run(
             topic: input.topic.clone(),
             workers: senders.clone(),
             shared: shared.clone(),
+            flow: Mutex::new(Flow {
+                backlog: (0..threads).map(|_| VecDeque::new()).collect(),
+                ..Flow::default()
+            }),
         })
         .with_context(|| format!("input: bad Kafka settings for topic `{}`", input.topic))?;
     let partitions = input_partitions(&consumer, input, &bootstrap)?;
@@ -306,11 +505,14 @@ pub fn run(
                 })
                 .context("cannot start a worker thread")?;
         }
-        let polled = poll(&consumer, input, stop, &shared, &senders);
+        let polled = poll(&consumer, input, stop, &shared);
         // The end (or a failure): every open task commits and closes, and
         // only then does the consumer leave the group, so the next owner
         // of a partition starts from this process's last commit.
-        let owned = owned_partitions(&consumer, &input.topic);
+        // (Queued opens are cancelled; one under way finishes first.)
+        let owned = consumer
+            .context()
+            .forget(&owned_partitions(&consumer, &input.topic));
         let closing = consumer.context().close(&owned, false);
         if input.assignment == Assignment::Static {
             let _ = consumer.unassign();
@@ -420,14 +622,14 @@ fn create_output_topic(
 }
 
 /// Polls the input and hands records to their workers until `stop` or a
-/// failure.
+/// failure; resumes partitions as they finish restoring.
 fn poll(
     consumer: &BaseConsumer<Rebalancer>,
     input: &KafkaInput,
     stop: &AtomicBool,
     shared: &Shared,
-    workers: &[SyncSender<Command>],
 ) -> Result<()> {
+    let flow = consumer.context();
     if input.assignment == Assignment::Static {
         let mut tpl = TopicPartitionList::new();
         for (p, offset) in consumer.context().open(&input.partitions)? {
@@ -442,6 +644,10 @@ fn poll(
     let mut polled = 0u64;
     let mut last_report = Instant::now();
     while !stop.load(Ordering::Relaxed) && !shared.failed() {
+        flow.resume_ready(consumer)?;
+        if !flow.drain(consumer)? {
+            break; // a worker failed: its error is in `shared`
+        }
         if last_report.elapsed() >= PROGRESS_EVERY {
             // Where the consumer is, per partition: a stalled partition shows.
             let positions = consumer.position().map(|tpl| {
@@ -463,10 +669,7 @@ fn poll(
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec),
                 };
-                if workers[worker_of(partition, workers.len())]
-                    .send(record)
-                    .is_err()
-                {
+                if !flow.dispatch(consumer, partition, record)? {
                     break; // that worker failed: its error is in `shared`
                 }
             }

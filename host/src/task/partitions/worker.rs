@@ -9,7 +9,9 @@ use crate::task::serve::QueryServer;
 use crate::task::{Input, Task};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What the poll loop asks of a worker.
@@ -17,6 +19,9 @@ pub(super) enum Command {
     Open {
         partition: i32,
         reply: mpsc::Sender<Result<u64>>,
+        /// Set when the partition is revoked before its task is handed
+        /// over: not opened, or closed at once if already opening.
+        cancel: Arc<AtomicBool>,
     },
     Record {
         partition: i32,
@@ -110,9 +115,24 @@ struct Worker<'a> {
 impl Worker<'_> {
     fn handle(&mut self, command: Command) -> Result<()> {
         match command {
-            Command::Open { partition, reply } => {
-                let answer = self.open(partition);
-                let _ = reply.send(answer?);
+            Command::Open {
+                partition,
+                reply,
+                cancel,
+            } => {
+                if cancel.load(Ordering::Relaxed) {
+                    // Revoked while queued: opening it now would fence
+                    // its new owner's producer.
+                    return Ok(());
+                }
+                let answer = self.open(partition)?;
+                if cancel.load(Ordering::Relaxed) && answer.is_ok() {
+                    // Revoked while it restored: nothing was processed,
+                    // so the close commits nothing.
+                    self.close(partition)?;
+                    return Ok(());
+                }
+                let _ = reply.send(answer);
             }
             Command::Record {
                 partition,
@@ -121,16 +141,7 @@ impl Worker<'_> {
                 value,
             } => self.record(partition, offset, key.as_deref(), value.as_deref())?,
             Command::Close { partition, reply } => {
-                self.servers.remove(&partition);
-                let closed = match self.tasks.remove(&partition) {
-                    Some(task) => task.close().map(|stats| {
-                        let mut s = self.shared.summary.lock().unwrap();
-                        s.stats.add(&stats);
-                        s.closed += 1;
-                    }),
-                    None => Ok(()),
-                };
-                let closed = closed.with_context(|| format!("closing partition {partition}"));
+                let closed = self.close(partition);
                 let failed = closed.is_err();
                 let _ = reply.send(closed);
                 if failed {
@@ -149,6 +160,20 @@ impl Worker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Commits and closes `partition`'s task, if open.
+    fn close(&mut self, partition: i32) -> Result<()> {
+        self.servers.remove(&partition);
+        let closed = match self.tasks.remove(&partition) {
+            Some(task) => task.close().map(|stats| {
+                let mut s = self.shared.summary.lock().unwrap();
+                s.stats.add(&stats);
+                s.closed += 1;
+            }),
+            None => Ok(()),
+        };
+        Ok(closed.with_context(|| format!("closing partition {partition}"))?)
     }
 
     /// Opens `partition`'s task: the answer for the poll loop (its input

@@ -1,0 +1,87 @@
+//! A group's partition restores outside the rebalance callback: while one
+//! restore goes on, the process's other partitions serve, and the member
+//! stays in its group.
+
+use crate::kafka::broker;
+use crate::pipeline::{
+    differences, multiset, produce, read_committed, stop, workload, Pipeline, PARTITIONS,
+};
+use std::time::{Duration, Instant};
+
+/// `max.poll.interval.ms` at its smallest over the tests' 6 s session.
+const MAX_POLL: &str = "properties = { \"max.poll.interval.ms\" = \"6000\" }";
+/// How long the first restore stalls: twice the poll interval.
+const STALL_MS: u64 = 12_000;
+
+#[test]
+fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
+    let Some(bootstrap) =
+        broker("a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member")
+    else {
+        return;
+    };
+    let p = Pipeline::new(bootstrap, "roll-forward", "kv");
+    let (input, expected) = workload("kv", 2000);
+    produce(bootstrap, &p.input, &input);
+    // The first process builds every partition's changelog, and stops.
+    let mut first = p.spawn(&p.config(0, 2, MAX_POLL), "first");
+    p.wait_for_output(expected.len(), Duration::from_secs(120), "first run");
+    stop(&mut first, "first", &p);
+    // The same input again, for a second process with an empty state
+    // directory: it restores each partition from the changelog, and its
+    // first restore stalls twice the poll interval (a slow disk).
+    produce(bootstrap, &p.input, &input);
+    let stall = format!("during-restore+stall:{STALL_MS}");
+    let mut second = p.spawn_env(
+        &p.config(1, 2, MAX_POLL),
+        "second",
+        &["--json"],
+        &[
+            ("TXSTORE_CRASH_AT", &stall),
+            ("TXSTORE_PROGRESS_MS", "1000"),
+        ],
+    );
+    let started = Instant::now();
+    // The other worker's partitions restore and serve meanwhile.
+    p.wait_for_output(
+        expected.len() + 1,
+        Duration::from_millis(STALL_MS * 3 / 4),
+        "output while one restore stalls",
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(STALL_MS),
+        "no output before the stalled restore ended"
+    );
+    p.wait_for_output(2 * expected.len(), Duration::from_secs(120), "second run");
+    stop(&mut second, "second", &p);
+    let log = p.log("second");
+    assert!(log.contains("stalling"), "the restore never stalled: {log}");
+    // The stalled restore said where it was, with a rate and an ETA.
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("restoring s-"))
+        .unwrap_or_else(|| panic!("no restore progress line: {log}"));
+    assert!(
+        line.contains("changelog offset") && line.contains("eta"),
+        "{line}"
+    );
+    let got = read_committed(bootstrap, &p.output, PARTITIONS);
+    let want: Vec<_> = expected.iter().chain(&expected).cloned().collect();
+    assert!(
+        multiset(&got) == multiset(&want),
+        "the output differs from the input's: {}",
+        differences(&want, &got)
+    );
+    // Never evicted: no partition lost, each opened once.
+    let summary: serde_json::Value = log
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON summary: {log}"));
+    assert_eq!(summary["partitions"]["lost"], 0, "{log}");
+    assert_eq!(
+        summary["partitions"]["opened"].as_array().map(Vec::len),
+        Some(PARTITIONS as usize),
+        "{log}"
+    );
+}
