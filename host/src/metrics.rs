@@ -218,18 +218,24 @@ pub fn serve(listen: &str) -> anyhow::Result<Server> {
         .spawn(move || {
             // `incoming_requests` ends when `unblock` is called (on drop).
             for request in server.incoming_requests() {
-                let response =
-                    if request.url() == "/metrics" && *request.method() == tiny_http::Method::Get {
-                        let header = tiny_http::Header::from_bytes(
-                            &b"Content-Type"[..],
-                            &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
-                        )
-                        .expect("a valid header");
-                        tiny_http::Response::from_string(render()).with_header(header)
-                    } else {
-                        tiny_http::Response::from_string("only GET /metrics is served here\n")
-                            .with_status_code(404)
-                    };
+                // `/metrics` with any query string; HEAD gets no body.
+                let path = request.url().split('?').next().unwrap_or("");
+                let scrape = path == "/metrics"
+                    && matches!(
+                        request.method(),
+                        tiny_http::Method::Get | tiny_http::Method::Head
+                    );
+                let response = if scrape {
+                    let header = tiny_http::Header::from_bytes(
+                        &b"Content-Type"[..],
+                        &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
+                    )
+                    .expect("a valid header");
+                    tiny_http::Response::from_string(render()).with_header(header)
+                } else {
+                    tiny_http::Response::from_string("only GET /metrics is served here\n")
+                        .with_status_code(404)
+                };
                 // A scraper that hung up is its own problem.
                 let _ = request.respond(response);
             }
@@ -487,6 +493,7 @@ mod tests {
             value(&text, &format!("txstore_changelog_cleaner_runs_total{l}")),
             4.0
         );
+        assert!(scrape(server.addr(), "/metrics?name[]=x").starts_with("HTTP/1.1 200"));
         assert!(scrape(server.addr(), "/other").starts_with("HTTP/1.1 404"));
     }
 

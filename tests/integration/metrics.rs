@@ -37,7 +37,7 @@ fn start(config: &std::path::Path) -> (Child, BufReader<ChildStderr>, String, St
 }
 
 /// One `GET` of `path`: (status line, body).
-fn get(addr: &str, path: &str) -> (String, String) {
+pub fn get(addr: &str, path: &str) -> (String, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
         s,

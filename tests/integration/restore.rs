@@ -32,8 +32,9 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
     // first restore stalls twice the poll interval (a slow disk).
     produce(bootstrap, &p.input, &input);
     let stall = format!("during-restore+stall:{STALL_MS}");
+    let metrics = format!("{MAX_POLL}\n[metrics]\nlisten = \"127.0.0.1:0\"");
     let mut second = p.spawn_env(
-        &p.config(1, 2, MAX_POLL),
+        &p.config(1, 2, &metrics),
         "second",
         &["--json"],
         &[
@@ -51,6 +52,41 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
     assert!(
         started.elapsed() < Duration::from_millis(STALL_MS),
         "no output before the stalled restore ended"
+    );
+    // Its metrics show it: one partition with changelog still to replay,
+    // others processing records.
+    let log = p.log("second");
+    let addr = log
+        .lines()
+        .find_map(|l| l.strip_prefix("txstore: metrics at http://"))
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address: {log}"));
+    // (A task publishes at each commit, just after its output commits:
+    // scraped until both show, at most a second.)
+    let per_store = |text: &str, name: &str| -> Vec<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{store=\"s-")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let seen = |text: &str, name: &str| per_store(text, name).iter().any(|&v| v > 0.0);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let text = loop {
+        let (_, text) = crate::metrics::get(addr, "/metrics");
+        let both = seen(&text, "txstore_restore_remaining_offsets")
+            && seen(&text, "txstore_records_processed_total");
+        if both || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        seen(&text, "txstore_restore_remaining_offsets"),
+        "no restore in progress in the metrics:\n{text}"
+    );
+    assert!(
+        seen(&text, "txstore_records_processed_total"),
+        "no partition processing in the metrics:\n{text}"
     );
     p.wait_for_output(2 * expected.len(), Duration::from_secs(120), "second run");
     stop(&mut second, "second", &p);
