@@ -43,6 +43,7 @@ struct Families {
     restored_records: Family<Labels, Counter>,
     restore_remaining: Family<Labels, Gauge>,
     guest_memory: Family<Labels, Gauge>,
+    input_lag: Family<Labels, Gauge>,
 }
 
 /// From 100 µs to about 13 s: a commit is an fsync or two, or a Kafka
@@ -69,6 +70,7 @@ impl Families {
         let restored_records = Family::default();
         let restore_remaining = Family::default();
         let guest_memory = Family::default();
+        let input_lag = Family::default();
         let r = &mut registry;
         r.register(
             "records_processed",
@@ -140,6 +142,11 @@ impl Families {
             "The most linear memory the store's guest has held",
             guest_memory.clone(),
         );
+        r.register(
+            "input_lag_records",
+            "Records of the task's input partition not yet consumed (read_committed: to the last stable offset)",
+            input_lag.clone(),
+        );
         Families {
             registry,
             records,
@@ -156,6 +163,7 @@ impl Families {
             restored_records,
             restore_remaining,
             guest_memory,
+            input_lag,
         }
     }
 }
@@ -245,6 +253,24 @@ pub fn serve(listen: &str) -> anyhow::Result<Server> {
         http,
         thread: Some(thread),
     })
+}
+
+/// The input lag of the task whose store is `store` (a Kafka input's
+/// partition), as the consumer sees it; `None` drops it (revoked).
+pub fn input_lag(store: &str, lag: Option<i64>) {
+    if !enabled() {
+        return;
+    }
+    let f = FAMILIES.get_or_init(Families::new);
+    let labels: Labels = vec![("store", store.to_string())];
+    match lag {
+        Some(lag) => {
+            f.input_lag.get_or_create(&labels).set(lag);
+        }
+        None => {
+            f.input_lag.remove(&labels);
+        }
+    }
 }
 
 /// What a task publishes: its counters since it opened.

@@ -89,6 +89,30 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
         "no partition processing in the metrics:\n{text}"
     );
     p.wait_for_output(2 * expected.len(), Duration::from_secs(120), "second run");
+    // Caught up: every partition's input lag is 0 (statistics come each
+    // second).
+    let lags = |text: &str| -> Vec<f64> {
+        text.lines()
+            .filter(|l| l.starts_with("txstore_input_lag_records{store=\"s-"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let (_, text) = crate::metrics::get(addr, "/metrics");
+        let l = lags(&text);
+        if (l.len() == PARTITIONS as usize && l.iter().all(|&v| v == 0.0))
+            || Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let l = lags(&text);
+    assert!(
+        l.len() == PARTITIONS as usize && l.iter().all(|&v| v == 0.0),
+        "input lag per partition once caught up: {l:?}\n{text}"
+    );
     stop(&mut second, "second", &p);
     let log = p.log("second");
     assert!(log.contains("stalling"), "the restore never stalled: {log}");

@@ -101,6 +101,8 @@ impl Shared {
 /// The consumer's context: routes rebalances to the workers.
 struct Rebalancer {
     topic: String,
+    /// The job's store name: partition p's task is `<store>-<p>`.
+    store: String,
     workers: Vec<SyncSender<Command>>,
     shared: std::sync::Arc<Shared>,
     /// What the rebalance callbacks and the poll loop share (both run on
@@ -194,6 +196,23 @@ impl ClientContext for Rebalancer {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::debug!("librdkafka (input): {error}: {reason}");
     }
+    /// Each assigned partition's lag: its last stable offset less the
+    /// next offset the consumer hands over (librdkafka's own
+    /// `consumer_lag` counts from the group's committed offset, which
+    /// only the changelog's transactions move). Served by the poll;
+    /// statistics are on only when metrics are.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(topic) = statistics.topics.get(&self.topic) else {
+            return;
+        };
+        for (&p, partition) in &topic.partitions {
+            let (end, next) = (partition.ls_offset, partition.app_offset);
+            if p >= 0 && end >= 0 && next >= 0 {
+                let store = format!("{}-{p}", self.store);
+                crate::metrics::input_lag(&store, Some((end - next).max(0)));
+            }
+        }
+    }
 }
 
 impl ConsumerContext for Rebalancer {
@@ -217,6 +236,9 @@ impl ConsumerContext for Rebalancer {
                 let lost = consumer.assignment_lost();
                 tracing::info!(?partitions, lost, "revoked");
                 let open = self.forget(&partitions);
+                for p in &partitions {
+                    crate::metrics::input_lag(&format!("{}-{p}", self.store), None);
+                }
                 let closed = self.close(&open, lost);
                 let released = if cooperative {
                     consumer.incremental_unassign(tpl)
@@ -289,6 +311,7 @@ pub fn run(
     let consumer: BaseConsumer<Rebalancer> = consumer_config
         .create_with_context(Rebalancer {
             topic: input.topic.clone(),
+            store: config.store.name.clone(),
             workers: senders.clone(),
             shared: shared.clone(),
             flow: Mutex::new(Flow {
@@ -362,6 +385,10 @@ fn consumer_config(input: &KafkaInput, bootstrap: &str, group: &str) -> ClientCo
             "heartbeat.interval.ms",
             (input.session_timeout_ms / 3).clamp(1, 3000).to_string(),
         );
+    if crate::metrics::enabled() {
+        // Per-partition lag for `txstore_input_lag_records`.
+        c.set("statistics.interval.ms", "1000");
+    }
     for (k, v) in &input.properties {
         c.set(k, v);
     }
