@@ -145,3 +145,92 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
         "{log}"
     );
 }
+
+/// Waits until `label`'s log contains `text`.
+fn wait_for_log(p: &Pipeline, label: &str, text: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !p.log(label).contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "{label}: no {text:?} after {within:?}: {}",
+            p.log(label)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Partitions revoked while they wait to restore move at once: a process
+/// that joins the group while the first one's restore is stalled (one
+/// worker thread, so every open waits behind it) serves its share during
+/// the stall; the first process skips the moved partitions' opens (an open
+/// after the move would fence their new owner), nobody fails, and the
+/// output is exact.
+///
+/// Open problem, so ignored: on the test broker the group does not settle
+/// while the first process's restore is stalled (its assignment is
+/// reported lost every few seconds and given back to it, the joiner gets
+/// nothing), and after the stall both processes owned partitions and were
+/// fenced. Run it with `-- --ignored` (Kafka) to reproduce.
+#[test]
+#[ignore = "a join during a stalled restore does not settle (open problem)"]
+fn partitions_revoked_while_restoring_move_without_waiting_for_the_restore() {
+    let Some(bootstrap) =
+        broker("partitions_revoked_while_restoring_move_without_waiting_for_the_restore")
+    else {
+        return;
+    };
+    let p = Pipeline::new(bootstrap, "roll-forward", "kv");
+    let (input, expected) = workload("kv", 2000);
+    produce(bootstrap, &p.input, &input);
+    let mut first = p.spawn(&p.config(0, 2, MAX_POLL), "first");
+    p.wait_for_output(expected.len(), Duration::from_secs(120), "first run");
+    stop(&mut first, "first", &p);
+    produce(bootstrap, &p.input, &input);
+    let stall_ms = 2 * STALL_MS;
+    let stall = format!("during-restore+stall:{stall_ms}");
+    let mut slow = p.spawn_env(
+        &p.config(1, 1, MAX_POLL),
+        "slow",
+        &["--json"],
+        &[("TXSTORE_CRASH_AT", &stall)],
+    );
+    wait_for_log(&p, "slow", "stalling", Duration::from_secs(60));
+    let stalled = Instant::now();
+    let mut joiner = p.spawn_with(&p.config(2, 1, MAX_POLL), "joiner", &["--json"]);
+    p.wait_for_output(
+        expected.len() + 1,
+        Duration::from_millis(stall_ms * 3 / 4),
+        "the joiner's output while the first process's restore stalls",
+    );
+    assert!(
+        stalled.elapsed() < Duration::from_millis(stall_ms),
+        "no output before the stall ended"
+    );
+    p.wait_for_output(
+        2 * expected.len(),
+        Duration::from_secs(180),
+        "both processes",
+    );
+    stop(&mut slow, "slow", &p);
+    stop(&mut joiner, "joiner", &p);
+    let got = read_committed(bootstrap, &p.output, PARTITIONS);
+    let want: Vec<_> = expected.iter().chain(&expected).cloned().collect();
+    assert!(
+        multiset(&got) == multiset(&want),
+        "the output differs from the input's: {}",
+        differences(&want, &got)
+    );
+    for label in ["slow", "joiner"] {
+        let log = p.log(label);
+        assert!(
+            !log.lines().any(|l| l.starts_with("error")),
+            "{label} failed: {log}"
+        );
+    }
+    // The joiner took partitions from the stalled process.
+    assert!(
+        p.log("joiner").contains("partition opened"),
+        "{}",
+        p.log("joiner")
+    );
+}
