@@ -173,7 +173,7 @@ impl Worker<'_> {
             }),
             None => Ok(()),
         };
-        Ok(closed.with_context(|| format!("closing partition {partition}"))?)
+        closed.with_context(|| format!("closing partition {partition}"))
     }
 
     /// Opens `partition`'s task: the answer for the poll loop (its input
