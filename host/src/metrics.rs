@@ -313,10 +313,26 @@ struct Inner {
     guest_memory: Gauge,
     /// What was published last: counters move by the difference.
     last: TaskFigures,
-    last_calls: BTreeMap<&'static str, (u64, Duration)>,
+    /// Per guest function, made at its first call: its handles and the
+    /// totals last published.
+    calls: BTreeMap<&'static str, CallHandles>,
+    /// Made at the first publish (an embedded changelog only).
+    changelog: Option<ChangelogHandles>,
     last_cleaner_runs: u64,
     /// When the changelog's size was last published.
     changelog_at: Option<std::time::Instant>,
+}
+
+struct CallHandles {
+    calls: Counter,
+    seconds: Seconds,
+    last: (u64, Duration),
+}
+
+struct ChangelogHandles {
+    bytes: Gauge,
+    segments: Gauge,
+    cleaner_runs: Counter,
 }
 
 impl TaskMetrics {
@@ -340,7 +356,8 @@ impl TaskMetrics {
             guest_memory: f.guest_memory.get_or_create(&labels).clone(),
             labels,
             last: TaskFigures::default(),
-            last_calls: BTreeMap::new(),
+            calls: BTreeMap::new(),
+            changelog: None,
             last_cleaner_runs: 0,
             changelog_at: None,
         };
@@ -397,19 +414,19 @@ impl TaskMetrics {
         m.guest_memory
             .set(now.guest_memory_bytes.min(i64::MAX as u64) as i64);
         for &(func, count, time) in &now.calls {
-            let (c0, t0) = m.last_calls.get(func).copied().unwrap_or_default();
-            if count == c0 && time == t0 {
-                continue;
-            }
-            let mut labels = m.labels.clone();
-            labels.push(("function", func.to_string()));
-            f.calls
-                .get_or_create(&labels)
-                .inc_by(count.saturating_sub(c0));
-            f.call_seconds
-                .get_or_create(&labels)
-                .inc_by(time.saturating_sub(t0).as_secs_f64());
-            m.last_calls.insert(func, (count, time));
+            let h = m.calls.entry(func).or_insert_with(|| {
+                let mut labels = m.labels.clone();
+                labels.push(("function", func.to_string()));
+                CallHandles {
+                    calls: f.calls.get_or_create(&labels).clone(),
+                    seconds: f.call_seconds.get_or_create(&labels).clone(),
+                    last: (0, Duration::ZERO),
+                }
+            });
+            let (c0, t0) = h.last;
+            h.calls.inc_by(count.saturating_sub(c0));
+            h.seconds.inc_by(time.saturating_sub(t0).as_secs_f64());
+            h.last = (count, time);
         }
         m.last = now.clone();
     }
@@ -417,15 +434,17 @@ impl TaskMetrics {
     /// Publishes the embedded changelog's size.
     pub fn publish_changelog(&mut self, c: ChangelogFigures) {
         let Some(m) = &mut self.inner else { return };
-        let f = FAMILIES.get().expect("metrics are on");
-        f.changelog_bytes
-            .get_or_create(&m.labels)
-            .set(c.bytes.min(i64::MAX as u64) as i64);
-        f.changelog_segments
-            .get_or_create(&m.labels)
-            .set(c.segments.min(i64::MAX as u64) as i64);
-        f.cleaner_runs
-            .get_or_create(&m.labels)
+        let h = m.changelog.get_or_insert_with(|| {
+            let f = FAMILIES.get().expect("metrics are on");
+            ChangelogHandles {
+                bytes: f.changelog_bytes.get_or_create(&m.labels).clone(),
+                segments: f.changelog_segments.get_or_create(&m.labels).clone(),
+                cleaner_runs: f.cleaner_runs.get_or_create(&m.labels).clone(),
+            }
+        });
+        h.bytes.set(c.bytes.min(i64::MAX as u64) as i64);
+        h.segments.set(c.segments.min(i64::MAX as u64) as i64);
+        h.cleaner_runs
             .inc_by(c.cleaner_runs.saturating_sub(m.last_cleaner_runs));
         m.last_cleaner_runs = c.cleaner_runs;
     }
@@ -487,38 +506,21 @@ mod tests {
         let text = scrape(server.addr(), "/metrics");
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         let l = r#"{store="unit-7"}"#;
-        assert_eq!(
-            value(&text, &format!("txstore_records_processed_total{l}")),
-            25.0
-        );
-        assert_eq!(value(&text, &format!("txstore_writes_total{l}")), 4.0);
-        assert_eq!(value(&text, &format!("txstore_commits_total{l}")), 1.0);
         let call = r#"{store="unit-7",function="put-many"}"#;
-        assert_eq!(
-            value(&text, &format!("txstore_store_calls_total{call}")),
-            5.0
-        );
-        assert_eq!(
-            value(&text, &format!("txstore_store_call_seconds_total{call}")),
-            0.004
-        );
-        assert_eq!(
-            value(&text, &format!("txstore_commit_latency_seconds_count{l}")),
-            1.0
-        );
-        assert_eq!(
-            value(&text, &format!("txstore_restore_records_total{l}")),
-            100.0
-        );
-        assert_eq!(
-            value(&text, &format!("txstore_restore_remaining_offsets{l}")),
-            7.0
-        );
-        assert_eq!(value(&text, &format!("txstore_changelog_bytes{l}")), 8192.0);
-        assert_eq!(
-            value(&text, &format!("txstore_changelog_cleaner_runs_total{l}")),
-            4.0
-        );
+        for (sample, want) in [
+            (format!("txstore_records_processed_total{l}"), 25.0),
+            (format!("txstore_writes_total{l}"), 4.0),
+            (format!("txstore_commits_total{l}"), 1.0),
+            (format!("txstore_store_calls_total{call}"), 5.0),
+            (format!("txstore_store_call_seconds_total{call}"), 0.004),
+            (format!("txstore_commit_latency_seconds_count{l}"), 1.0),
+            (format!("txstore_restore_records_total{l}"), 100.0),
+            (format!("txstore_restore_remaining_offsets{l}"), 7.0),
+            (format!("txstore_changelog_bytes{l}"), 8192.0),
+            (format!("txstore_changelog_cleaner_runs_total{l}"), 4.0),
+        ] {
+            assert_eq!(value(&text, &sample), want, "{sample}");
+        }
         assert!(scrape(server.addr(), "/metrics?name[]=x").starts_with("HTTP/1.1 200"));
         assert!(scrape(server.addr(), "/other").starts_with("HTTP/1.1 404"));
     }

@@ -4,7 +4,7 @@
 
 use crate::kafka::broker;
 use crate::pipeline::{
-    differences, multiset, produce, read_committed, stop, workload, Pipeline, PARTITIONS,
+    differences, multiset, produce, read_committed, stop, workload, Out, Pipeline, PARTITIONS,
 };
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,29 @@ const MAX_POLL: &str = "properties = { \"max.poll.interval.ms\" = \"6000\" }";
 /// How long the first restore stalls: twice the poll interval.
 const STALL_MS: u64 = 12_000;
 
+/// A kv pipeline (roll-forward) whose first process built every
+/// partition's changelog from the workload and stopped, with the same
+/// input produced once more: (the pipeline, one pass's expected output).
+fn changelogs_built_and_input_again(bootstrap: &str) -> (Pipeline, Vec<Out>) {
+    let p = Pipeline::new(bootstrap, "roll-forward", "kv");
+    let (input, expected) = workload("kv", 2000);
+    produce(bootstrap, &p.input, &input);
+    let mut first = p.spawn(&p.config(0, 2, MAX_POLL), "first");
+    p.wait_for_output(expected.len(), Duration::from_secs(120), "first run");
+    stop(&mut first, "first", &p);
+    produce(bootstrap, &p.input, &input);
+    (p, expected)
+}
+
+/// The values of metric `name` for every partition task (`store="s-P"`).
+fn per_partition(text: &str, name: &str) -> Vec<f64> {
+    let prefix = format!("{name}{{store=\"s-");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
 #[test]
 fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
     let Some(bootstrap) =
@@ -20,17 +43,10 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
     else {
         return;
     };
-    let p = Pipeline::new(bootstrap, "roll-forward", "kv");
-    let (input, expected) = workload("kv", 2000);
-    produce(bootstrap, &p.input, &input);
-    // The first process builds every partition's changelog, and stops.
-    let mut first = p.spawn(&p.config(0, 2, MAX_POLL), "first");
-    p.wait_for_output(expected.len(), Duration::from_secs(120), "first run");
-    stop(&mut first, "first", &p);
-    // The same input again, for a second process with an empty state
-    // directory: it restores each partition from the changelog, and its
-    // first restore stalls twice the poll interval (a slow disk).
-    produce(bootstrap, &p.input, &input);
+    // A second process with an empty state directory restores each
+    // partition from the changelog; its first restore stalls twice the
+    // poll interval (a slow disk).
+    let (p, expected) = changelogs_built_and_input_again(bootstrap);
     let stall = format!("during-restore+stall:{STALL_MS}");
     let metrics = format!("{MAX_POLL}\n[metrics]\nlisten = \"127.0.0.1:0\"");
     let mut second = p.spawn_env(
@@ -63,13 +79,7 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
         .unwrap_or_else(|| panic!("no metrics address: {log}"));
     // (A task publishes at each commit, just after its output commits:
     // scraped until both show, at most a second.)
-    let per_store = |text: &str, name: &str| -> Vec<f64> {
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{name}{{store=\"s-")))
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect()
-    };
-    let seen = |text: &str, name: &str| per_store(text, name).iter().any(|&v| v > 0.0);
+    let seen = |text: &str, name: &str| per_partition(text, name).iter().any(|&v| v > 0.0);
     let deadline = Instant::now() + Duration::from_secs(1);
     let text = loop {
         let (_, text) = crate::metrics::get(addr, "/metrics");
@@ -91,12 +101,7 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
     p.wait_for_output(2 * expected.len(), Duration::from_secs(120), "second run");
     // Caught up: every partition's input lag is 0 (statistics come each
     // second).
-    let lags = |text: &str| -> Vec<f64> {
-        text.lines()
-            .filter(|l| l.starts_with("txstore_input_lag_records{store=\"s-"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect()
-    };
+    let lags = |text: &str| per_partition(text, "txstore_input_lag_records");
     let deadline = Instant::now() + Duration::from_secs(5);
     let text = loop {
         let (_, text) = crate::metrics::get(addr, "/metrics");
@@ -179,13 +184,7 @@ fn partitions_revoked_while_restoring_move_without_waiting_for_the_restore() {
     else {
         return;
     };
-    let p = Pipeline::new(bootstrap, "roll-forward", "kv");
-    let (input, expected) = workload("kv", 2000);
-    produce(bootstrap, &p.input, &input);
-    let mut first = p.spawn(&p.config(0, 2, MAX_POLL), "first");
-    p.wait_for_output(expected.len(), Duration::from_secs(120), "first run");
-    stop(&mut first, "first", &p);
-    produce(bootstrap, &p.input, &input);
+    let (p, expected) = changelogs_built_and_input_again(bootstrap);
     let stall_ms = 2 * STALL_MS;
     let stall = format!("during-restore+stall:{stall_ms}");
     let mut slow = p.spawn_env(
