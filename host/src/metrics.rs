@@ -44,6 +44,7 @@ struct Families {
     restore_remaining: Family<Labels, Gauge>,
     guest_memory: Family<Labels, Gauge>,
     input_lag: Family<Labels, Gauge>,
+    standby_lag: Family<Labels, Gauge>,
 }
 
 /// From 100 µs to about 13 s: a commit is an fsync or two, or a Kafka
@@ -71,6 +72,7 @@ impl Families {
         let restore_remaining = Family::default();
         let guest_memory = Family::default();
         let input_lag = Family::default();
+        let standby_lag = Family::default();
         let r = &mut registry;
         r.register(
             "records_processed",
@@ -147,6 +149,11 @@ impl Families {
             "Records of the task's input partition not yet consumed (read_committed: to the last stable offset)",
             input_lag.clone(),
         );
+        r.register(
+            "standby_lag_offsets",
+            "Changelog offsets a standby replica had still to apply when it last looked (0: caught up)",
+            standby_lag.clone(),
+        );
         Families {
             registry,
             records,
@@ -164,6 +171,7 @@ impl Families {
             restore_remaining,
             guest_memory,
             input_lag,
+            standby_lag,
         }
     }
 }
@@ -253,6 +261,24 @@ pub fn serve(listen: &str) -> anyhow::Result<Server> {
         http,
         thread: Some(thread),
     })
+}
+
+/// How far the standby replica of `store` was behind its changelog's
+/// committed end when it last looked; `None` drops it (promoted, closed).
+pub fn standby_lag(store: &str, lag: Option<u64>) {
+    if !enabled() {
+        return;
+    }
+    let f = FAMILIES.get_or_init(Families::new);
+    let labels: Labels = vec![("store", store.to_string())];
+    match lag {
+        Some(lag) => {
+            f.standby_lag.get_or_create(&labels).set(lag as i64);
+        }
+        None => {
+            f.standby_lag.remove(&labels);
+        }
+    }
 }
 
 /// The input lag of the task whose store is `store` (a Kafka input's

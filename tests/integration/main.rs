@@ -21,4 +21,5 @@ mod processors;
 mod protocol;
 mod restore;
 mod sandbox;
+mod standby;
 mod strategies;

@@ -200,6 +200,21 @@ pub fn workload(
     (input, expected)
 }
 
+/// The pipeline's directory (configs, state, logs): kept after the test
+/// when `TXSTORE_TEST_KEEP` is set, to read the processes' logs.
+fn test_dir() -> tempfile::TempDir {
+    let keep = std::env::var_os("TXSTORE_TEST_KEEP").is_some();
+    let dir = tempfile::Builder::new()
+        .prefix("txstore-pipeline-")
+        .disable_cleanup(keep)
+        .tempdir()
+        .unwrap();
+    if keep {
+        eprintln!("pipeline directory (kept): {}", dir.path().display());
+    }
+    dir
+}
+
 pub struct Pipeline {
     pub bootstrap: String,
     pub dir: tempfile::TempDir,
@@ -211,19 +226,22 @@ pub struct Pipeline {
     /// `task.commit_interval_records` (tests commit often, figures as a
     /// deployment would).
     pub commit_records: usize,
+    /// More `[task]` settings, one per line.
+    pub task_extra: String,
 }
 
 impl Pipeline {
     pub fn new(bootstrap: &str, guest: &str, processor: &str) -> Self {
         let p = Pipeline {
             bootstrap: bootstrap.into(),
-            dir: tempfile::tempdir().unwrap(),
+            dir: test_dir(),
             input: fresh_topic("in"),
             output: fresh_topic("out"),
             changelog: fresh_topic("changelog"),
             guest: guest.into(),
             processor: processor.into(),
             commit_records: 100,
+            task_extra: String::new(),
         };
         create_topic(bootstrap, &p.input, PARTITIONS);
         p
@@ -236,7 +254,7 @@ impl Pipeline {
         let text = format!(
             "[store]\nname = \"s\"\nguest = {guest:?}\nstate_dir = \"state-{i}\"\n\
              [task]\nprocessor = {processor:?}\nthreads = {threads}\n\
-             commit_interval_records = {commit_records}\ncommit_interval_ms = 100\n\
+             commit_interval_records = {commit_records}\ncommit_interval_ms = 100\n{task_extra}\n\
              output = {{ kind = \"kafka\", topic = {output:?} }}\n\
              [task.input]\nkind = \"kafka\"\ntopic = {input:?}\ngroup_id = {group:?}\n\
              session_timeout_ms = 6000\n{input_extra}\n\
@@ -250,6 +268,7 @@ impl Pipeline {
             bootstrap = self.bootstrap,
             changelog = self.changelog,
             commit_records = self.commit_records,
+            task_extra = self.task_extra,
         );
         std::fs::write(&path, text).unwrap();
         path
@@ -449,10 +468,23 @@ fn owned(i: usize) -> Vec<i32> {
 }
 
 pub fn static_config(p: &Pipeline, label: usize, threads: usize, partitions: &[i32]) -> PathBuf {
+    static_config_with(p, label, threads, partitions, &[])
+}
+
+/// [`static_config`] with standby replicas of `standbys`.
+pub fn static_config_with(
+    p: &Pipeline,
+    label: usize,
+    threads: usize,
+    partitions: &[i32],
+    standbys: &[i32],
+) -> PathBuf {
     p.config(
         label,
         threads,
-        &format!("assignment = \"static\"\npartitions = {partitions:?}"),
+        &format!(
+            "assignment = \"static\"\npartitions = {partitions:?}\nstandby_partitions = {standbys:?}"
+        ),
     )
 }
 
@@ -496,16 +528,31 @@ fn stop_moved_and_compare(
 /// a tenth of the output is out; its partitions move to the other two,
 /// which finish them from the changelog.
 fn kill_one_mid_run(guest: &str, processor: &str) {
+    kill_one_mid_run_with(guest, processor, false);
+}
+
+/// [`kill_one_mid_run`]; with `standbys`, the process that takes each of
+/// the victim's partitions keeps a standby replica of it from the start,
+/// and the moved partitions open on those, replaying nothing. Returns the
+/// moved partitions' open lines.
+pub fn kill_one_mid_run_with(guest: &str, processor: &str, standbys: bool) -> Vec<String> {
     let Some(bootstrap) = broker("kill_one_mid_run") else {
-        return;
+        return Vec::new();
     };
     let p = Pipeline::new(bootstrap, guest, processor);
     let (input, expected) = workload(processor, PER_PARTITION);
     produce(bootstrap, &p.input, &input);
+    // Process i (1, 2) takes the victim's partition i - 1 after the kill.
+    let standby_of = |i: usize| -> Vec<i32> {
+        match (standbys, i) {
+            (true, 1..) => vec![i as i32 - 1],
+            _ => Vec::new(),
+        }
+    };
     let mut children: Vec<Option<Process>> = (0..PROCESSES)
         .map(|i| {
             Some(p.spawn(
-                &static_config(&p, i, 1 + i % 2, &owned(i)),
+                &static_config_with(&p, i, 1 + i % 2, &owned(i), &standby_of(i)),
                 &format!("p{i}"),
             ))
         })
@@ -536,6 +583,11 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
         at_kill < expected.len(),
         "{what}: the run was over before the kill; make the input larger"
     );
+    if standbys {
+        // Ten looks of each standby (every 200 ms) at the victim's last
+        // commit before its partitions move.
+        std::thread::sleep(Duration::from_secs(2));
+    }
     move_partitions_of_process_0(&p, &mut children);
     p.wait_for_output(expected.len(), Duration::from_secs(180), &what);
     stop_moved_and_compare(
@@ -561,6 +613,22 @@ fn kill_one_mid_run(guest: &str, processor: &str) {
         moved.iter().any(|l| !l.contains("changelog_end: 0,")),
         "{what}: no partition moved with a changelog to restore: {moved:?}"
     );
+    if standbys {
+        // (A partition the victim never committed has nothing to keep.)
+        for (i, line) in moved
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.contains("changelog_end: 0,"))
+        {
+            assert!(
+                line.contains("checkpoint: Some(") && line.contains("replayed_records: 0,"),
+                "{what}: partition {i} did not open on its standby (a checkpoint at what it applied, nothing left \
+                 to replay): {line}\n{}",
+                p.log(&format!("p{}", i + 1))
+            );
+        }
+    }
+    moved
 }
 
 #[test]

@@ -48,6 +48,18 @@ pub fn open(config: &Config) -> Result<Opened> {
     })
 }
 
+/// Opens the changelog `config` names for reading only, as a standby
+/// replica does (a Kafka changelog: an embedded one has no other reader).
+pub fn open_reader(config: &Config) -> Result<Opened> {
+    if config.changelog.kind != ChangelogKind::Kafka {
+        bail!("a standby replica needs a Kafka changelog (changelog.kind = \"kafka\")");
+    }
+    Ok(Opened {
+        log: Box::new(KafkaLog::open_reader(&kafka_settings(config)?)?),
+        truncated_bytes: 0,
+    })
+}
+
 /// The Kafka changelog's settings `config` names, with defaults filled in.
 pub fn kafka_settings(config: &Config) -> Result<KafkaSettings> {
     let c = &config.changelog;
@@ -165,6 +177,11 @@ pub trait Changelog: Send {
     fn check_replayable(&mut self, from: u64) -> Result<()>;
     /// The last committed transaction, if any.
     fn last_commit(&self) -> Option<CommitInfo>;
+    /// A log opened for reading only (a standby replica's) learns of the
+    /// transactions its writer committed since; a writer knows already.
+    fn refresh(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// The store is durably committed at `offset` (its recovery never
     /// returns less, or it wipes): the log may drop what only an older
     /// store would need. The embedded log cleans itself here.

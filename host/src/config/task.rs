@@ -69,6 +69,10 @@ pub struct TaskConfig {
     /// Worker threads for the tasks of a Kafka input (one task per
     /// assigned partition).
     pub threads: usize,
+    /// A Kafka input with a consumer group: each partition's store is
+    /// also kept warm, as a standby replica, by this many other members
+    /// (Kafka Streams' `num.standby.replicas`).
+    pub standby_replicas: usize,
     /// Commit after this many input records...
     pub commit_interval_records: u64,
     /// ...or after this much time, whichever comes first.
@@ -99,6 +103,7 @@ impl Default for TaskConfig {
             input: None,
             output: None,
             threads: 1,
+            standby_replicas: 0,
             commit_interval_records: 10_000,
             commit_interval_ms: 100,
             max_uncommitted_bytes: 64 << 20,
@@ -139,6 +144,12 @@ pub struct KafkaInput {
     /// `assignment = "static"`: the partitions this process owns.
     #[serde(default)]
     pub partitions: Vec<i32>,
+    /// Partitions this process keeps standby replicas of while it does
+    /// not own them (warm copies of their stores, fed from their
+    /// changelogs), so that taking one over replays only a tail. Listing
+    /// every partition keeps a warm copy of all the others.
+    #[serde(default)]
+    pub standby_partitions: Vec<i32>,
     /// A process that misses heartbeats this long loses its partitions.
     #[serde(default = "default_session_timeout_ms")]
     pub session_timeout_ms: u64,
@@ -237,6 +248,20 @@ impl TaskConfig {
                 ),
                 _ => {}
             }
+            if let Some(p) = k.standby_partitions.iter().find(|p| **p < 0) {
+                bail!("{origin}: task.input.standby_partitions: {p} is negative");
+            }
+            if self.standby_replicas > 0 && k.assignment == Assignment::Static {
+                bail!(
+                    "{origin}: task.standby_replicas places standbys by the consumer group; with assignment = \
+                     \"static\" list them in task.input.standby_partitions"
+                );
+            }
+        } else if self.standby_replicas > 0 {
+            bail!("{origin}: task.standby_replicas is for a Kafka input (task.input of kind \"kafka\")");
+        }
+        if self.standby_replicas > MAX_STANDBY_REPLICAS {
+            bail!("{origin}: task.standby_replicas must be at most {MAX_STANDBY_REPLICAS}");
         }
         if let (Some(OutputSpec::File { .. }), Some(InputSpec::Kafka(_))) =
             (&self.output, &self.input)
@@ -260,6 +285,9 @@ impl TaskConfig {
         Ok(())
     }
 }
+
+/// The most standby replicas per partition.
+pub const MAX_STANDBY_REPLICAS: usize = 16;
 
 /// The most worker threads a process runs tasks on.
 pub const MAX_THREADS: usize = 256;

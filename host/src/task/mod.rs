@@ -19,6 +19,7 @@ pub mod partitions;
 pub mod processor;
 mod recovery;
 pub mod serve;
+mod standby;
 pub mod wasm_processor;
 
 use crate::changelog::{Changelog, CleanStats, Record};
@@ -33,6 +34,7 @@ pub use apply::WriteCalls;
 pub use builder::TaskBuilder;
 pub use processor::{Context, Input, Processor};
 pub use recovery::{open_backend_at, RecoveryReport};
+pub use standby::Standby;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
@@ -160,7 +162,7 @@ impl Task {
         runtime: &Runtime,
         processor: Option<Box<dyn Processor>>,
     ) -> Result<(Self, RecoveryReport), Error> {
-        Self::open_inner(config, runtime, processor).map_err(Error::from)
+        Self::open_inner(config, runtime, processor, false).map_err(Error::from)
     }
 
     /// The live guest instance (queries, tests).
@@ -413,6 +415,16 @@ impl Task {
             && self.last_commit.elapsed()
                 >= Duration::from_millis(self.config.task.commit_interval_ms)
         {
+            self.commit_inner()?;
+        }
+        Ok(())
+    }
+
+    #[doc(hidden)]
+    /// Commits what is pending, if anything: so that no transaction stays
+    /// open while the caller's thread does something long.
+    pub fn commit_pending(&mut self) -> Result<(), Error> {
+        if self.pending_records > 0 || self.pending_writes > 0 {
             self.commit_inner()?;
         }
         Ok(())

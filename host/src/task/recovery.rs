@@ -87,10 +87,13 @@ pub fn open_backend_at(kind: BackendKind, dir: &Path) -> Result<Arc<dyn Backend>
 use super::cache::WriteCache;
 
 impl Task {
+    /// Opens and recovers the task; a `standby` reads its changelog only
+    /// (never taking its transactional id over) and has no output.
     pub(super) fn open_inner(
         config: &Config,
         runtime: &Runtime,
         processor: Option<Box<dyn Processor>>,
+        standby: bool,
     ) -> Result<(Self, RecoveryReport)> {
         let started = Instant::now();
         refuse_job_of_partitions(config)?;
@@ -109,7 +112,11 @@ impl Task {
         let mut instance = guest.instantiate(storage, &config.store.name, &config.limits)?;
         instance.init(&config.init_options())?;
         let transactional = instance.transactional()?;
-        let opened = crate::changelog::open(config)?;
+        let opened = if standby {
+            crate::changelog::open_reader(config)?
+        } else {
+            crate::changelog::open(config)?
+        };
         let checkpoint = Checkpoint::new(&config.state_dir());
         // A checkpoint after every commit is only a lower bound on what the
         // store holds, which a transactional guest's recovery can use. A
@@ -144,7 +151,9 @@ impl Task {
         let (replayed_records, replayed_transactions) = task.replay(recovery.offset)?;
         task.input_position = task.changelog.last_commit().map_or(0, |c| c.input_position);
         task.input_check = task.changelog.last_commit().and_then(|c| c.input_check);
-        task.output = open_output(config, task.input_position)?;
+        if !standby {
+            task.output = open_output(config, task.input_position)?;
+        }
         let report = RecoveryReport {
             guest: task.instance.label().to_string(),
             transactional,
@@ -204,7 +213,7 @@ impl Task {
 
     /// Replays committed transactions after `from` into the store, then
     /// commits the store at the changelog's end. Returns (records, txns).
-    fn replay(&mut self, from: Option<u64>) -> Result<(u64, u64)> {
+    pub(super) fn replay(&mut self, from: Option<u64>) -> Result<(u64, u64)> {
         let end = self.changelog.end_offset();
         let start = from.unwrap_or(0);
         if start >= end && from.is_some() {

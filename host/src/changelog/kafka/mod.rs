@@ -32,7 +32,7 @@ use replay::Replay;
 mod topic;
 
 use super::{Changelog, CommitInfo, Record, Replayed};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use marker::{Marker, MARKER_KEY};
 use metadata::{metadata, parse_metadata};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
@@ -158,7 +158,9 @@ impl ProducerContext for Deliveries {
 /// A transactional changelog in one Kafka topic partition.
 pub struct KafkaLog {
     s: KafkaSettings,
-    producer: BaseProducer<Deliveries>,
+    /// None for a reader (a standby replica): it never writes, so it
+    /// never takes the transactional id over from the partition's owner.
+    producer: Option<BaseProducer<Deliveries>>,
     consumer: BaseConsumer<Quiet>,
     in_transaction: bool,
     /// An operation of the open transaction failed: only `abort` may follow
@@ -211,12 +213,25 @@ fn is_fenced(code: Option<RDKafkaErrorCode>) -> bool {
 }
 
 impl KafkaLog {
+    /// The transactional producer. Only the write paths use it, and
+    /// `begin` refuses them on a reader.
+    fn writer(&self) -> &BaseProducer<Deliveries> {
+        self.producer
+            .as_ref()
+            .expect("a changelog reader never reaches a write")
+    }
+
+    /// The producer's fatal error (fencing, usually), if any.
+    fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.producer.as_ref()?.client().fatal_error()
+    }
+
     /// One error line naming the operation and the partition; fencing is
     /// told apart because it means another instance has taken over.
     fn error(&self, op: &str, e: KafkaError) -> anyhow::Error {
         // After a fatal error librdkafka reports `Fatal` or purged messages
         // everywhere; the cause (fencing, usually) is kept on the client.
-        let (code, detail) = match self.producer.client().fatal_error() {
+        let (code, detail) = match self.fatal_error() {
             Some((c, text)) => (Some(c), text),
             None => (error_code(&e), e.to_string()),
         };
@@ -253,35 +268,42 @@ impl KafkaLog {
     /// The transaction stays failed: only `abort` may follow.
     fn fail(&mut self, e: anyhow::Error) -> anyhow::Error {
         self.failed = true;
-        if self.in_transaction && self.producer.client().fatal_error().is_none() {
-            self.producer
+        if self.in_transaction && self.fatal_error().is_none() {
+            self.writer()
                 .purge(PurgeConfig::default().queue().inflight());
             let aborted = self.flush().is_ok()
                 && self
                     .retrying("abort_transaction", || {
-                        self.producer.abort_transaction(self.s.timeout)
+                        self.writer().abort_transaction(self.s.timeout)
                     })
                     .is_ok();
             if aborted {
-                *self.producer.context().state.lock().unwrap() = DeliveryState::default();
+                *self.writer().context().state.lock().unwrap() = DeliveryState::default();
                 self.in_transaction = false;
                 self.txn_records = 0;
                 self.txn_output = 0;
             }
         }
-        match self.producer.client().fatal_error() {
+        match self.fatal_error() {
             Some((code, _)) if is_fenced(Some(code)) => self.fenced(),
             _ => e,
         }
     }
 
     fn begin(&mut self) -> Result<()> {
+        if self.producer.is_none() {
+            bail!(
+                "changelog: topic `{}` partition {} is open for reading only (a standby replica); it does not write",
+                self.s.topic,
+                self.s.partition
+            );
+        }
         if self.failed {
             bail!("changelog: an operation of the open transaction failed; it can only be aborted");
         }
         if !self.in_transaction {
-            *self.producer.context().state.lock().unwrap() = DeliveryState::default();
-            self.producer
+            *self.writer().context().state.lock().unwrap() = DeliveryState::default();
+            self.writer()
                 .begin_transaction()
                 .map_err(|e| self.error("begin_transaction", e))?;
             self.in_transaction = true;
@@ -314,12 +336,12 @@ impl KafkaLog {
     fn produce(&self, mut r: BaseRecord<'_, [u8], [u8]>, op: &str) -> Result<()> {
         let deadline = Instant::now() + self.s.timeout;
         loop {
-            match self.producer.send(r) {
+            match self.writer().send(r) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if Instant::now() < deadline =>
                 {
-                    self.producer.poll(Duration::from_millis(10));
+                    self.writer().poll(Duration::from_millis(10));
                     r = back;
                 }
                 Err((e, _)) => return Err(self.error(op, e)),
@@ -370,7 +392,7 @@ impl KafkaLog {
         };
         self.flush()?;
         let (last_offset, error) = {
-            let state = self.producer.context().state.lock().unwrap();
+            let state = self.writer().context().state.lock().unwrap();
             (state.last_offset, state.error.clone())
         };
         if let Some((e, topic)) = error {
@@ -396,11 +418,11 @@ impl KafkaLog {
             .group_metadata()
             .context("changelog: the consumer has no group metadata")?;
         self.retrying("send_offsets_to_transaction", || {
-            self.producer
+            self.writer()
                 .send_offsets_to_transaction(&tpl, &group, self.s.timeout)
         })?;
         self.retrying("commit_transaction", || {
-            self.producer.commit_transaction(self.s.timeout)
+            self.writer().commit_transaction(self.s.timeout)
         })?;
         self.last_marker = marker;
         Ok(offset)
@@ -450,14 +472,14 @@ impl KafkaLog {
     /// would put 100 ms into every commit; this polls in 1 ms slices.
     fn flush(&self) -> Result<()> {
         let deadline = Instant::now() + self.s.timeout;
-        while self.producer.in_flight_count() > 0 {
+        while self.writer().in_flight_count() > 0 {
             if Instant::now() >= deadline {
                 return Err(self.error(
                     "flush",
                     KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut),
                 ));
             }
-            self.producer.poll(Duration::from_millis(1));
+            self.writer().poll(Duration::from_millis(1));
         }
         Ok(())
     }
@@ -592,6 +614,29 @@ impl Changelog for KafkaLog {
 
     fn last_commit(&self) -> Option<CommitInfo> {
         self.last
+    }
+
+    fn refresh(&mut self) -> Result<()> {
+        if self.producer.is_none() {
+            let before = self.last;
+            self.read_last()?;
+            // The group's offset only moves forward; one that went back
+            // (the group deleted and its offsets written again) is not
+            // this log's history.
+            if let (Some(b), Some(now)) = (before, self.last) {
+                ensure!(
+                    now.offset >= b.offset,
+                    "changelog: topic `{}` partition {}: the committed end went back from {} to {} (group `{}` \
+                     reset?)",
+                    self.s.topic,
+                    self.s.partition,
+                    b.offset,
+                    now.offset,
+                    self.s.group_id
+                );
+            }
+        }
+        Ok(())
     }
 
     /// A compacted topic keeps a tombstone at least `delete.retention.ms`

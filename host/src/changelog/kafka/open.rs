@@ -9,6 +9,30 @@ impl KafkaLog {
     /// id (aborting a predecessor's open transaction) and reads the last
     /// committed transaction from the group's offset.
     pub fn open(s: &KafkaSettings) -> Result<Self> {
+        let mut log = Self::connect(s, true)?;
+        log.writer()
+            .init_transactions(s.timeout)
+            .map_err(|e| log.error("init_transactions", e))?;
+        log.read_last()?;
+        Ok(log)
+    }
+
+    /// Opens the changelog for reading only, as a standby replica does:
+    /// no producer, so the partition's owner is not fenced, and no topic
+    /// is created (its owner creates it). [`Changelog::refresh`] learns
+    /// of later commits.
+    pub fn open_reader(s: &KafkaSettings) -> Result<Self> {
+        let s = KafkaSettings {
+            create_topic: false,
+            output_topic: None,
+            ..s.clone()
+        };
+        let mut log = Self::connect(&s, false)?;
+        log.read_last()?;
+        Ok(log)
+    }
+
+    fn connect(s: &KafkaSettings, writer: bool) -> Result<Self> {
         let where_ = format!(
             "topic `{}` partition {} at {}",
             s.topic, s.partition, s.bootstrap_servers
@@ -38,8 +62,13 @@ impl KafkaLog {
         if let Some(output) = &s.output_topic {
             ensure_output_topic(s, &consumer, output, &where_)?;
         }
-        let (producer, transaction_timeout_ms) = producer(s, &where_)?;
-        let mut log = KafkaLog {
+        let (producer, transaction_timeout_ms) = if writer {
+            let (p, timeout) = producer(s, &where_)?;
+            (Some(p), timeout)
+        } else {
+            (None, String::new())
+        };
+        Ok(KafkaLog {
             s: s.clone(),
             producer,
             consumer,
@@ -50,12 +79,7 @@ impl KafkaLog {
             txn_output: 0,
             last: None,
             last_marker: Some((0, 0)),
-        };
-        log.producer
-            .init_transactions(s.timeout)
-            .map_err(|e| log.error("init_transactions", e))?;
-        log.read_last()?;
-        Ok(log)
+        })
     }
 }
 
@@ -179,7 +203,7 @@ fn producer(s: &KafkaSettings, where_: &str) -> Result<(BaseProducer<Deliveries>
 impl KafkaLog {
     /// The last committed transaction: from the group's offset, else from
     /// the changelog's last marker.
-    fn read_last(&mut self) -> Result<()> {
+    pub(super) fn read_last(&mut self) -> Result<()> {
         let s = &self.s;
         match self.read_last_commit()? {
             Some((last, marker)) => {

@@ -20,6 +20,10 @@
 //! partition moved is fenced by the new owner's `init_transactions` and
 //! stops with that one error line.
 //!
+//! Standby replicas (`task.input.standby_partitions`): a worker keeps a
+//! warm copy of each listed partition the process does not own
+//! ([`crate::task::Standby`]); an open of that partition promotes it.
+//!
 //! Threads: the consumer is polled on the calling thread, which also runs
 //! the rebalance callbacks; records go to the worker that owns their
 //! partition (partition mod threads) over a bounded channel. A worker
@@ -29,6 +33,7 @@
 //! `flow.rs`.
 
 mod flow;
+mod placement;
 mod worker;
 
 use super::{RecoveryReport, TaskStats};
@@ -43,7 +48,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -54,6 +59,9 @@ use worker::{work, Command};
 const QUEUE_RECORDS: usize = 4096;
 /// How often the poll loop logs where each partition's input stands.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// How often a group member with `task.standby_replicas` reads the
+/// group's description and moves its standbys where they now belong.
+const PLACE_STANDBYS_EVERY: Duration = Duration::from_secs(2);
 /// How often an idle worker looks for commits that are due.
 const TICK: Duration = Duration::from_millis(20);
 /// librdkafka settings the input's guarantees rest on.
@@ -76,6 +84,10 @@ pub struct Summary {
     pub closed: u64,
     /// Partitions dropped uncommitted because the group had moved them.
     pub lost: u64,
+    /// Standby replicas opened: (partition, its recovery).
+    pub standbys: Vec<(i32, RecoveryReport)>,
+    /// Partitions opened on a standby replica kept here.
+    pub promoted: Vec<i32>,
     pub stats: TaskStats,
     /// "cooperative", "eager" or "static".
     pub assignment: Assignment,
@@ -108,6 +120,8 @@ struct Rebalancer {
     /// What the rebalance callbacks and the poll loop share (both run on
     /// the polling thread; the lock is for the context's `Sync`).
     flow: Mutex<Flow>,
+    /// The standby replicas asked of the workers.
+    standbys: Mutex<BTreeSet<i32>>,
 }
 
 fn worker_of(partition: i32, workers: usize) -> usize {
@@ -132,6 +146,58 @@ impl Rebalancer {
             replies.push((p, (rx, cancel)));
         }
         Ok(replies)
+    }
+
+    /// Asks the workers to keep standby replicas of `wanted` (and no
+    /// others): each partition's worker opens or drops its own.
+    fn keep_standbys(&self, wanted: &BTreeSet<i32>) -> Result<()> {
+        let mut kept = self.standbys.lock().unwrap();
+        for &partition in wanted.symmetric_difference(&kept) {
+            let command = if wanted.contains(&partition) {
+                Command::Standby { partition }
+            } else {
+                Command::DropStandby { partition }
+            };
+            self.workers[worker_of(partition, self.workers.len())]
+                .send(command)
+                .map_err(|_| anyhow!("a worker thread has stopped"))?;
+        }
+        *kept = wanted.clone();
+        Ok(())
+    }
+
+    /// `task.standby_replicas`: the standbys this member keeps, from the
+    /// group's description (when it is stable), with `manual` ones.
+    fn place_standbys(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        group: &str,
+        replicas: usize,
+        manual: &BTreeSet<i32>,
+    ) -> Result<()> {
+        let Some(me) = member_id(consumer) else {
+            return Ok(()); // not in the group yet
+        };
+        let list = consumer
+            .fetch_group_list(Some(group), Duration::from_secs(5))
+            .with_context(|| format!("standbys: cannot describe group `{group}`"))?;
+        let Some(info) = list.groups().iter().find(|g| g.name() == group) else {
+            return Ok(());
+        };
+        if info.state() != "Stable" {
+            return Ok(()); // placed again once the rebalance is over
+        }
+        let mut members = BTreeMap::new();
+        for m in info.members() {
+            let owned = m
+                .assignment()
+                .and_then(|a| placement::assigned_partitions(a, &self.topic))
+                .unwrap_or_default();
+            members.insert(m.id().to_string(), owned);
+        }
+        let mut wanted = placement::standbys_of(&me, &members, replicas);
+        wanted.extend(manual);
+        self.keep_standbys(&wanted)
     }
 
     /// Opens `partitions` and waits for them: where each resumes (the
@@ -318,6 +384,7 @@ pub fn run(
                 backlog: (0..threads).map(|_| VecDeque::new()).collect(),
                 ..Flow::default()
             }),
+            standbys: Mutex::default(),
         })
         .with_context(|| format!("input: bad Kafka settings for topic `{}`", input.topic))?;
     let partitions = input_partitions(&consumer, input, &bootstrap)?;
@@ -334,7 +401,13 @@ pub fn run(
                 })
                 .context("cannot start a worker thread")?;
         }
-        let polled = poll(&consumer, input, stop, &shared);
+        let polled = poll(
+            &consumer,
+            input,
+            (&group, config.task.standby_replicas),
+            stop,
+            &shared,
+        );
         // The end (or a failure): every open task commits and closes, and
         // only then does the consumer leave the group, so the next owner
         // of a partition starts from this process's last commit.
@@ -418,11 +491,16 @@ fn input_partitions(
             input.topic
         );
     }
-    if let Some(p) = input.partitions.iter().find(|p| **p >= count) {
-        bail!(
-            "task.input.partitions: topic `{}` has {count} partition(s); partition {p} does not exist",
-            input.topic
-        );
+    for (key, list) in [
+        ("partitions", &input.partitions),
+        ("standby_partitions", &input.standby_partitions),
+    ] {
+        if let Some(p) = list.iter().find(|p| **p >= count) {
+            bail!(
+                "task.input.{key}: topic `{}` has {count} partition(s); partition {p} does not exist",
+                input.topic
+            );
+        }
     }
     Ok(count)
 }
@@ -459,17 +537,23 @@ fn create_output_topic(
 fn poll(
     consumer: &BaseConsumer<Rebalancer>,
     input: &KafkaInput,
+    (group, standby_replicas): (&str, usize),
     stop: &AtomicBool,
     shared: &Shared,
 ) -> Result<()> {
     let flow = consumer.context();
+    let manual: BTreeSet<i32> = input.standby_partitions.iter().copied().collect();
+    let mut last_placement = Instant::now();
     if input.assignment == Assignment::Static {
         let mut tpl = TopicPartitionList::new();
         for (p, offset) in consumer.context().open(&input.partitions)? {
             tpl.add_partition_offset(&input.topic, p, offset)?;
         }
         consumer.assign(&tpl).context("input: assign")?;
+        // After the owned partitions opened: those serve first.
+        flow.keep_standbys(&manual)?;
     } else {
+        flow.keep_standbys(&manual)?;
         consumer
             .subscribe(&[&input.topic])
             .with_context(|| format!("input: cannot subscribe to topic `{}`", input.topic))?;
@@ -480,6 +564,14 @@ fn poll(
         flow.resume_ready(consumer)?;
         if !flow.drain(consumer)? {
             break; // a worker failed: its error is in `shared`
+        }
+        if standby_replicas > 0 && last_placement.elapsed() >= PLACE_STANDBYS_EVERY {
+            // A standby out of place costs warmth, not correctness: a
+            // failure here is reported and tried again.
+            if let Err(e) = flow.place_standbys(consumer, group, standby_replicas, &manual) {
+                tracing::warn!("{e:#}");
+            }
+            last_placement = Instant::now();
         }
         if last_report.elapsed() >= PROGRESS_EVERY {
             // Where the consumer is, per partition: a stalled partition shows.
@@ -526,6 +618,24 @@ fn is_fatal(e: &KafkaError) -> bool {
                 | C::GroupAuthorizationFailed
         )
     )
+}
+
+/// This process's member id in its consumer group, once it has joined.
+fn member_id(consumer: &BaseConsumer<Rebalancer>) -> Option<String> {
+    use rdkafka::bindings::{rd_kafka_mem_free, rd_kafka_memberid};
+    let client = consumer.client().native_ptr();
+    // SAFETY: the client is alive for the call; librdkafka returns a
+    // NUL-terminated copy (or null) that the caller frees with
+    // rd_kafka_mem_free.
+    unsafe {
+        let id = rd_kafka_memberid(client);
+        if id.is_null() {
+            return None;
+        }
+        let owned = std::ffi::CStr::from_ptr(id).to_string_lossy().into_owned();
+        rd_kafka_mem_free(client, id.cast());
+        (!owned.is_empty()).then_some(owned)
+    }
 }
 
 fn owned_partitions(consumer: &BaseConsumer<Rebalancer>, topic: &str) -> Vec<i32> {

@@ -1,18 +1,23 @@
 //! A worker thread: the tasks of the partitions it owns, driven by the
 //! commands of the poll loop (open, record, close, lose), with their live
-//! queries and due commits served between commands.
+//! queries and due commits served between commands, and the standby
+//! replicas it keeps warm.
 
 use super::{ProcessorFactory, Shared, TICK};
 use crate::config::Config;
 use crate::runtime::Runtime;
 use crate::task::serve::QueryServer;
-use crate::task::{Input, Task};
+use crate::task::{Input, Standby, Task};
 use anyhow::{anyhow, bail, Context, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a standby that failed (its changelog not there yet, Kafka
+/// away) waits before it opens again.
+const STANDBY_RETRY: Duration = Duration::from_secs(5);
 
 /// What the poll loop asks of a worker.
 pub(super) enum Command {
@@ -34,6 +39,10 @@ pub(super) enum Command {
         partition: i32,
         reply: mpsc::Sender<Result<()>>,
     },
+    /// Keep a standby replica of the partition while it is not owned here.
+    Standby { partition: i32 },
+    /// No longer keep one (closed at what it applied).
+    DropStandby { partition: i32 },
     /// Drop without committing (lost: another process may own it now).
     Lose {
         partition: i32,
@@ -61,6 +70,9 @@ pub(super) fn work(
         processors,
         servers: BTreeMap::new(),
         tasks: BTreeMap::new(),
+        standbys: BTreeMap::new(),
+        standby_wanted: BTreeSet::new(),
+        standby_retry: BTreeMap::new(),
     };
     let mut last_sweep = Instant::now();
     let result = (|| -> Result<()> {
@@ -68,7 +80,10 @@ pub(super) fn work(
             match rx.recv_timeout(TICK) {
                 Ok(command) => worker.handle(command)?,
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    worker.close_standbys();
+                    return Ok(());
+                }
             }
             if last_sweep.elapsed() >= TICK {
                 worker.sweep()?;
@@ -93,7 +108,7 @@ pub(super) fn work(
                 Command::Lose { reply, .. } => {
                     let _ = reply.send(());
                 }
-                Command::Record { .. } => {}
+                Command::Record { .. } | Command::Standby { .. } | Command::DropStandby { .. } => {}
             }
         }
     }
@@ -110,6 +125,11 @@ struct Worker<'a> {
     /// (Declared first: dropped before the tasks, as a close does.)
     servers: BTreeMap<i32, QueryServer>,
     tasks: BTreeMap<i32, Task>,
+    /// Standby replicas kept here, and those to (re)open: when one
+    /// failed, not before its retry time.
+    standbys: BTreeMap<i32, Standby>,
+    standby_wanted: BTreeSet<i32>,
+    standby_retry: BTreeMap<i32, Instant>,
 }
 
 impl Worker<'_> {
@@ -146,6 +166,18 @@ impl Worker<'_> {
                 let _ = reply.send(closed);
                 if failed {
                     bail!("closing partition {partition} failed");
+                }
+            }
+            Command::Standby { partition } => {
+                self.standby_wanted.insert(partition);
+            }
+            Command::DropStandby { partition } => {
+                self.standby_wanted.remove(&partition);
+                self.standby_retry.remove(&partition);
+                if let Some(standby) = self.standbys.remove(&partition) {
+                    if let Err(e) = standby.close() {
+                        tracing::warn!(partition, "standby close: {e:#}");
+                    }
                 }
             }
             Command::Lose { partition, reply } => {
@@ -185,6 +217,22 @@ impl Worker<'_> {
         if let Some(old) = self.tasks.remove(&partition) {
             old.close()
                 .with_context(|| format!("closing partition {partition}"))?;
+        }
+        // Owned now: its standby (if kept here) closes at what it applied,
+        // and the task opens on it, replaying only the tail. (Still
+        // wanted: it opens again on the closed task's store if the
+        // partition moves away.)
+        self.standby_retry.remove(&partition);
+        if let Some(standby) = self.standbys.remove(&partition) {
+            let applied = standby.applied_offset();
+            match standby.close() {
+                Ok(()) => tracing::info!(partition, applied, "standby promoted"),
+                Err(e) => tracing::warn!(
+                    partition,
+                    "standby close failed, the task recovers without it: {e:#}"
+                ),
+            }
+            self.shared.summary.lock().unwrap().promoted.push(partition);
         }
         let opened = open(
             self.config,
@@ -238,7 +286,90 @@ impl Worker<'_> {
             task.commit_if_due()
                 .with_context(|| format!("partition {p}"))?;
         }
+        self.keep_standbys()
+    }
+
+    /// Opens the standbys wanted and not yet open, and brings each up to
+    /// its changelog's committed end. A standby's failure is not the
+    /// process's: it is reported, dropped without a checkpoint (as after
+    /// a crash) and opened again later.
+    fn keep_standbys(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let to_open: Vec<i32> = self
+            .standby_wanted
+            .iter()
+            .copied()
+            .filter(|p| !self.standbys.contains_key(p) && !self.tasks.contains_key(p))
+            .filter(|p| self.standby_retry.get(p).is_none_or(|&at| now >= at))
+            .collect();
+        // Look first (cheap): only a standby with commits to apply, or one
+        // to open, costs this worker's tasks anything.
+        let mut failed = Vec::new();
+        let mut to_apply = Vec::new();
+        for (&p, standby) in self.standbys.iter_mut().filter(|(_, s)| s.due()) {
+            match standby.look() {
+                Ok(true) => to_apply.push(p),
+                Ok(false) => {}
+                Err(e) => failed.push((p, e)),
+            }
+        }
+        if !to_open.is_empty() || !to_apply.is_empty() {
+            // A standby's replay may take a while, and it runs on this
+            // thread: no transaction of this worker's tasks stays open
+            // across it (the broker aborts one open past
+            // transaction.timeout.ms).
+            for (p, task) in &mut self.tasks {
+                task.commit_pending()
+                    .with_context(|| format!("partition {p}"))?;
+            }
+        }
+        for p in to_open {
+            let config = self.config.for_partition(p, self.partitions);
+            match Standby::open(&config, self.runtime) {
+                Ok((standby, report)) => {
+                    tracing::info!(partition = p, ?report, "standby opened");
+                    self.shared
+                        .summary
+                        .lock()
+                        .unwrap()
+                        .standbys
+                        .push((p, report));
+                    self.standbys.insert(p, standby);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        partition = p,
+                        "standby: {e:#} (trying again in {STANDBY_RETRY:?})"
+                    );
+                    self.standby_retry.insert(p, now + STANDBY_RETRY);
+                }
+            }
+        }
+        for p in to_apply {
+            if let Some(Err(e)) = self.standbys.get_mut(&p).map(Standby::apply) {
+                failed.push((p, e));
+            }
+        }
+        for (p, e) in failed {
+            tracing::warn!(
+                partition = p,
+                "standby: {e:#} (opening it again in {STANDBY_RETRY:?})"
+            );
+            // No checkpoint: its store recovers from its own commit.
+            drop(self.standbys.remove(&p));
+            crate::metrics::standby_lag(&format!("{}-{p}", self.config.store.name), None);
+            self.standby_retry.insert(p, now + STANDBY_RETRY);
+        }
         Ok(())
+    }
+
+    /// Closes every standby at what it applied (the end of the run).
+    fn close_standbys(&mut self) {
+        for (p, standby) in std::mem::take(&mut self.standbys) {
+            if let Err(e) = standby.close() {
+                tracing::warn!(partition = p, "standby close: {e:#}");
+            }
+        }
     }
 }
 
