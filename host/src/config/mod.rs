@@ -539,6 +539,44 @@ mod tests {
         assert_eq!(c.output_file(), Some(PathBuf::from("/etc/o.txt")));
     }
 
+    #[test]
+    fn standby_settings_are_checked() {
+        let base = "[store]\nname = \"wc\"\nguest = \"g\"\nstate_dir = \"s\"\n";
+        let kafka = "[changelog]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n";
+        let parse = |task: &str, input: &str| {
+            Config::parse(
+                &format!("{base}[task]\n{task}\ninput = {{ kind = \"kafka\", topic = \"in\"{input} }}\n{kafka}"),
+                "c.toml",
+                Path::new("/etc"),
+            )
+        };
+        let err = |task: &str, input: &str| format!("{:#}", parse(task, input).unwrap_err());
+        let c = parse("standby_replicas = 2", "").unwrap();
+        assert_eq!(c.task.standby_replicas, 2);
+        let c = parse(
+            "",
+            ", assignment = \"static\", partitions = [0], standby_partitions = [0, 1]",
+        )
+        .unwrap();
+        assert_eq!(c.kafka_input().unwrap().standby_partitions, [0, 1]);
+        assert!(parse("", ", standby_partitions = [3]").is_ok());
+        assert!(
+            err("", ", standby_partitions = [-1]").contains("standby_partitions: -1 is negative")
+        );
+        assert!(err(
+            "standby_replicas = 1",
+            ", assignment = \"static\", partitions = [0]"
+        )
+        .contains("list them in task.input.standby_partitions"));
+        assert!(err("standby_replicas = 17", "").contains("at most 16"));
+        let file = Config::parse(
+            &format!("{base}[task]\nstandby_replicas = 1\ninput = \"in.txt\"\n"),
+            "c.toml",
+            Path::new("/etc"),
+        );
+        assert!(format!("{:#}", file.unwrap_err()).contains("is for a Kafka input"));
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
 
