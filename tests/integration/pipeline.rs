@@ -296,7 +296,11 @@ impl Pipeline {
             .arg(config)
             .args(args)
             .envs(env.iter().copied())
-            .env("TXSTORE_LOG", "txstore=info")
+            // `TXSTORE_TEST_LOG` (a `TXSTORE_LOG` filter) to see more.
+            .env(
+                "TXSTORE_LOG",
+                std::env::var("TXSTORE_TEST_LOG").unwrap_or_else(|_| "txstore=info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

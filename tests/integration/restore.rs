@@ -171,13 +171,16 @@ fn wait_for_log(p: &Pipeline, label: &str, text: &str, within: Duration) {
 /// after the move would fence their new owner), nobody fails, and the
 /// output is exact.
 ///
-/// Open problem, so ignored: on the test broker the group does not settle
-/// while the first process's restore is stalled (its assignment is
-/// reported lost every few seconds and given back to it, the joiner gets
-/// nothing), and after the stall both processes owned partitions and were
-/// fenced. Run it with `-- --ignored` (Kafka) to reproduce.
+/// Eager assignment: on the test broker a member joining a running
+/// `cooperative-sticky` group can be left out of the protocol's second
+/// round (its JoinGroup answered only after the rebalance timeout): both
+/// members then own the moved partitions for a few seconds until the
+/// first is told its assignment is lost. Seen in every run of this test
+/// with cooperative assignment (librdkafka's cgrp debug log) and with two
+/// plain librdkafka 2.16 consumers (Python, automatic commits on), not
+/// without txstore or commits; with `range` the join settles in about a
+/// second. The fence keeps the output exact either way.
 #[test]
-#[ignore = "a join during a stalled restore does not settle (open problem)"]
 fn partitions_revoked_while_restoring_move_without_waiting_for_the_restore() {
     let Some(bootstrap) =
         broker("partitions_revoked_while_restoring_move_without_waiting_for_the_restore")
@@ -187,15 +190,16 @@ fn partitions_revoked_while_restoring_move_without_waiting_for_the_restore() {
     let (p, expected) = changelogs_built_and_input_again(bootstrap);
     let stall_ms = 2 * STALL_MS;
     let stall = format!("during-restore+stall:{stall_ms}");
+    let eager = format!("assignment = \"eager\"\n{MAX_POLL}");
     let mut slow = p.spawn_env(
-        &p.config(1, 1, MAX_POLL),
+        &p.config(1, 1, &eager),
         "slow",
         &["--json"],
         &[("TXSTORE_CRASH_AT", &stall)],
     );
     wait_for_log(&p, "slow", "stalling", Duration::from_secs(60));
     let stalled = Instant::now();
-    let mut joiner = p.spawn_with(&p.config(2, 1, MAX_POLL), "joiner", &["--json"]);
+    let mut joiner = p.spawn_with(&p.config(2, 1, &eager), "joiner", &["--json"]);
     p.wait_for_output(
         expected.len() + 1,
         Duration::from_millis(stall_ms * 3 / 4),

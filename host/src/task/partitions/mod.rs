@@ -462,6 +462,11 @@ fn consumer_config(input: &KafkaInput, bootstrap: &str, group: &str) -> ClientCo
         // Per-partition lag for `txstore_input_lag_records`.
         c.set("statistics.interval.ms", "1000");
     }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        // librdkafka filters its own logs by this level: its `debug`
+        // contexts (a property) reach the log only when it is debug.
+        c.set_log_level(RDKafkaLogLevel::Debug);
+    }
     for (k, v) in &input.properties {
         c.set(k, v);
     }
