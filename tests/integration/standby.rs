@@ -122,7 +122,9 @@ fn a_group_member_that_leaves_hands_its_partitions_to_warm_standbys() {
 /// partition serves again (its open: recovery and replay) against its
 /// state size, with an empty local store and on a standby replica kept by
 /// the process that takes it over, per transactional guest. Long: run with
-/// `cargo test --release --test integration standby::standby_figures -- --ignored --nocapture`.
+/// `cargo test --release --test integration standby::standby_figures -- --ignored --nocapture`
+/// (`TXSTORE_STANDBY_KEYS=100000,1000000` and `TXSTORE_STANDBY_GUESTS=...`
+/// choose the rows).
 #[test]
 #[ignore]
 fn standby_figures() {
@@ -135,14 +137,23 @@ fn standby_figures() {
     let keys_list: Vec<usize> = std::env::var("TXSTORE_STANDBY_KEYS")
         .map(|v| v.split(',').map(|k| k.parse().unwrap()).collect())
         .unwrap_or_else(|_| vec![100_000, 1_000_000]);
-    for guest in [
-        "roll-forward",
-        "roll-back",
-        "roll-back-snapshot",
-        "buffered",
-    ] {
+    let guests: Vec<String> = std::env::var("TXSTORE_STANDBY_GUESTS")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|_| {
+            [
+                "roll-forward",
+                "roll-back",
+                "roll-back-snapshot",
+                "buffered",
+            ]
+            .map(str::to_string)
+            .to_vec()
+        });
+    for guest in &guests {
         for &keys in &keys_list {
-            let p = Pipeline::new(bootstrap, guest, "kv");
+            let mut p = Pipeline::new(bootstrap, guest, "kv");
+            // Commits every 100 ms, as deployed (not every 100 records).
+            p.commit_records = 10_000;
             let input: Vec<_> = (0..keys)
                 .map(|i| {
                     (
