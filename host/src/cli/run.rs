@@ -157,6 +157,13 @@ fn run_partitions(config: &Config, json: bool) -> Result<()> {
             summary.closed,
             summary.lost
         );
+        if !summary.standbys.is_empty() {
+            println!(
+                "standby replicas: {} opened, {} promoted",
+                summary.standbys.len(),
+                summary.promoted.len()
+            );
+        }
     }
     Ok(())
 }

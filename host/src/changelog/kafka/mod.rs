@@ -177,6 +177,9 @@ pub struct KafkaLog {
     /// written (ms since the epoch). None: the group's offset was written
     /// by a txstore without markers.
     last_marker: Option<(u64, i64)>,
+    /// The topic's `delete.retention.ms` and when it was read: a standby
+    /// asks at every catch-up, the broker is asked once a minute.
+    retention: Option<(Instant, Option<i64>)>,
 }
 
 /// A client config: our settings, then the user's `properties` (which may
@@ -212,7 +215,22 @@ fn is_fenced(code: Option<RDKafkaErrorCode>) -> bool {
     )
 }
 
+/// How long a topic's `delete.retention.ms` is taken as read.
+const RETENTION_CACHE: Duration = Duration::from_secs(60);
+
 impl KafkaLog {
+    /// [`KafkaLog::delete_retention_ms`], read again after a minute.
+    fn cached_delete_retention_ms(&mut self) -> Result<Option<i64>> {
+        match self.retention {
+            Some((at, ms)) if at.elapsed() < RETENTION_CACHE => Ok(ms),
+            _ => {
+                let ms = self.delete_retention_ms()?;
+                self.retention = Some((Instant::now(), ms));
+                Ok(ms)
+            }
+        }
+    }
+
     /// The transactional producer. Only the write paths use it, and
     /// `begin` refuses them on a reader.
     fn writer(&self) -> &BaseProducer<Deliveries> {
@@ -649,7 +667,7 @@ impl Changelog for KafkaLog {
         if from >= end {
             return Ok(None);
         }
-        let Some(retention_ms) = self.delete_retention_ms()? else {
+        let Some(retention_ms) = self.cached_delete_retention_ms()? else {
             return Ok(None);
         };
         let Some(written_ms) = self.first_timestamp(from, end)? else {

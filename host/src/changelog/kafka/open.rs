@@ -79,6 +79,7 @@ impl KafkaLog {
             txn_output: 0,
             last: None,
             last_marker: Some((0, 0)),
+            retention: None,
         })
     }
 }
