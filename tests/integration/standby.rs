@@ -92,12 +92,15 @@ fn a_group_member_that_leaves_hands_its_partitions_to_warm_standbys() {
         .iter()
         .filter_map(|v| v.as_i64())
         .collect();
-    let owned_by_b: Vec<i64> = summary(&p, "b")["partitions"]["opened"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|o| o[0].as_i64())
-        .collect();
+    // What b owned when it left: its last (eager, so whole) assignment.
+    let log_b = p.log("b");
+    let owned_by_b: Vec<i64> = log_b
+        .lines()
+        .filter_map(|l| l.split("assigned partitions=[").nth(1))
+        .last()
+        .and_then(|rest| rest.split(']').next())
+        .map(|list| list.split(", ").filter_map(|q| q.parse().ok()).collect())
+        .unwrap_or_else(|| panic!("b was never assigned partitions: {log_b}"));
     assert!(
         !owned_by_b.is_empty() && owned_by_b.iter().all(|q| promoted.contains(q)),
         "b's partitions {owned_by_b:?} were not all promoted from a's standbys ({promoted:?}): {}",

@@ -47,11 +47,6 @@ impl Standby {
         Ok((standby, report))
     }
 
-    /// The changelog offset the store holds everything before.
-    pub fn applied_offset(&self) -> u64 {
-        self.applied
-    }
-
     /// Whether it is time to look for new commits again.
     pub fn due(&self) -> bool {
         self.last_look.elapsed() >= STANDBY_POLL
@@ -98,9 +93,11 @@ impl Standby {
     /// Applies what its last look found, then closes the store with a
     /// checkpoint there, so the task that opens next in its directory (a
     /// promotion) replays only what was committed after.
-    pub fn close(mut self) -> Result<()> {
+    /// Returns the offset it closed at.
+    pub fn close(mut self) -> Result<u64> {
         crate::metrics::standby_lag(&self.task.config.store.name, None);
         self.apply()?;
-        self.task.close_in_place()
+        self.task.close_in_place()?;
+        Ok(self.applied)
     }
 }

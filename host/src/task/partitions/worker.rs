@@ -224,15 +224,16 @@ impl Worker<'_> {
         // partition moves away.)
         self.standby_retry.remove(&partition);
         if let Some(standby) = self.standbys.remove(&partition) {
-            let applied = standby.applied_offset();
             match standby.close() {
-                Ok(()) => tracing::info!(partition, applied, "standby promoted"),
+                Ok(applied) => {
+                    tracing::info!(partition, applied, "standby promoted");
+                    self.shared.summary.lock().unwrap().promoted.push(partition);
+                }
                 Err(e) => tracing::warn!(
                     partition,
                     "standby close failed, the task recovers without it: {e:#}"
                 ),
             }
-            self.shared.summary.lock().unwrap().promoted.push(partition);
         }
         let opened = open(
             self.config,
