@@ -96,8 +96,8 @@ fn a_group_member_that_leaves_hands_its_partitions_to_warm_standbys() {
     let log_b = p.log("b");
     let owned_by_b: Vec<i64> = log_b
         .lines()
-        .filter_map(|l| l.split("assigned partitions=[").nth(1))
-        .last()
+        .rev()
+        .find_map(|l| l.split("assigned partitions=[").nth(1))
         .and_then(|rest| rest.split(']').next())
         .map(|list| list.split(", ").filter_map(|q| q.parse().ok()).collect())
         .unwrap_or_else(|| panic!("b was never assigned partitions: {log_b}"));
