@@ -53,16 +53,31 @@ fn a_group_member_that_leaves_hands_its_partitions_to_warm_standbys() {
     let mut a = p.spawn_with(&p.config(0, 2, eager), "a", &["--json"]);
     let mut b = p.spawn_with(&p.config(1, 2, eager), "b", &["--json"]);
     p.wait_for_output(expected.len(), Duration::from_secs(120), "both members");
-    // Both own partitions (the group split them) and keep standbys of the
-    // others'.
+    // What b owns: its last (eager, so whole) assignment.
+    let owned_by_b = || -> Vec<i64> {
+        p.log("b")
+            .lines()
+            .rev()
+            .find_map(|l| l.split("assigned partitions=[").nth(1))
+            .and_then(|rest| rest.split(']').next())
+            .map(|list| list.split(", ").filter_map(|q| q.parse().ok()).collect())
+            .unwrap_or_default()
+    };
+    // The group split the partitions, and a keeps a standby of each of
+    // b's (placed from the group's description every 2 s).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !["a", "b"]
-        .iter()
-        .all(|l| p.log(l).contains("standby opened") && p.log(l).contains("partition opened"))
-    {
+    loop {
+        let owned = owned_by_b();
+        let log_a = p.log("a");
+        let kept = owned
+            .iter()
+            .all(|q| log_a.contains(&format!("standby opened partition={q} ")));
+        if !owned.is_empty() && owned.len() < PARTITIONS as usize && kept {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "no split with standbys: {}",
+            "no split with a's standbys of b's partitions {owned:?}: {}",
             p.logs()
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -92,15 +107,7 @@ fn a_group_member_that_leaves_hands_its_partitions_to_warm_standbys() {
         .iter()
         .filter_map(|v| v.as_i64())
         .collect();
-    // What b owned when it left: its last (eager, so whole) assignment.
-    let log_b = p.log("b");
-    let owned_by_b: Vec<i64> = log_b
-        .lines()
-        .rev()
-        .find_map(|l| l.split("assigned partitions=[").nth(1))
-        .and_then(|rest| rest.split(']').next())
-        .map(|list| list.split(", ").filter_map(|q| q.parse().ok()).collect())
-        .unwrap_or_else(|| panic!("b was never assigned partitions: {log_b}"));
+    let owned_by_b = owned_by_b();
     assert!(
         !owned_by_b.is_empty() && owned_by_b.iter().all(|q| promoted.contains(q)),
         "b's partitions {owned_by_b:?} were not all promoted from a's standbys ({promoted:?}): {}",
