@@ -266,35 +266,32 @@ pub fn serve(listen: &str) -> anyhow::Result<Server> {
 /// How far the standby replica of `store` was behind its changelog's
 /// committed end when it last looked; `None` drops it (promoted, closed).
 pub fn standby_lag(store: &str, lag: Option<u64>) {
-    if !enabled() {
-        return;
-    }
-    let f = FAMILIES.get_or_init(Families::new);
-    let labels: Labels = vec![("store", store.to_string())];
-    match lag {
-        Some(lag) => {
-            f.standby_lag.get_or_create(&labels).set(lag as i64);
-        }
-        None => {
-            f.standby_lag.remove(&labels);
-        }
-    }
+    set_store_gauge(|f| &f.standby_lag, store, lag.map(|l| l as i64));
 }
 
 /// The input lag of the task whose store is `store` (a Kafka input's
 /// partition), as the consumer sees it; `None` drops it (revoked).
 pub fn input_lag(store: &str, lag: Option<i64>) {
+    set_store_gauge(|f| &f.input_lag, store, lag);
+}
+
+/// Sets the gauge of `store` in the family `family` picks, or drops it.
+fn set_store_gauge(
+    family: fn(&Families) -> &Family<Labels, Gauge>,
+    store: &str,
+    value: Option<i64>,
+) {
     if !enabled() {
         return;
     }
-    let f = FAMILIES.get_or_init(Families::new);
+    let family = family(FAMILIES.get_or_init(Families::new));
     let labels: Labels = vec![("store", store.to_string())];
-    match lag {
-        Some(lag) => {
-            f.input_lag.get_or_create(&labels).set(lag);
+    match value {
+        Some(v) => {
+            family.get_or_create(&labels).set(v);
         }
         None => {
-            f.input_lag.remove(&labels);
+            family.remove(&labels);
         }
     }
 }
