@@ -310,6 +310,15 @@ impl Pipeline {
         Process(child)
     }
 
+    /// The JSON summary `label` printed when it stopped (`--json`).
+    pub fn summary(&self, label: &str) -> serde_json::Value {
+        let log = self.log(label);
+        log.lines()
+            .find(|l| l.starts_with('{'))
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("{label}: no JSON summary: {log}"))
+    }
+
     pub fn log(&self, label: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{label}.log"))).unwrap_or_default()
     }
@@ -766,12 +775,7 @@ fn move_partition_0(p: &Pipeline, batches: &[(usize, usize)]) -> Vec<serde_json:
         let mut child = p.spawn_with(&config, &label, &["--json"]);
         p.wait_for_output(produced, Duration::from_secs(300), &label);
         stop(&mut child, &label, p);
-        let log = p.log(&label);
-        let json: serde_json::Value = log
-            .lines()
-            .find(|l| l.starts_with('{'))
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or_else(|| panic!("{label}: no JSON summary: {log}"));
+        let json = p.summary(&label);
         reports.push(json["partitions"]["opened"][0][1].clone());
     }
     reports

@@ -138,11 +138,7 @@ fn a_long_restore_neither_stops_the_other_partitions_nor_evicts_the_member() {
         differences(&want, &got)
     );
     // Never evicted: no partition lost, each opened once.
-    let summary: serde_json::Value = log
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no JSON summary: {log}"));
+    let summary = p.summary("second");
     assert_eq!(summary["partitions"]["lost"], 0, "{log}");
     assert_eq!(
         summary["partitions"]["opened"].as_array().map(Vec::len),

@@ -22,15 +22,6 @@ fn a_killed_process_s_partitions_open_on_their_standbys() {
     }
 }
 
-/// The JSON summary a process printed when it stopped.
-fn summary(p: &Pipeline, label: &str) -> serde_json::Value {
-    let log = p.log(label);
-    log.lines()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("{label}: no JSON summary: {log}"))
-}
-
 /// Two processes in one consumer group with `task.standby_replicas = 1`:
 /// each keeps standbys of the other's partitions. One leaves; the other takes its partitions
 /// over while running, promoting its standbys: each opens at once with
@@ -108,7 +99,7 @@ fn a_group_member_that_leaves_hands_its_partitions_to_warm_standbys() {
         "the output differs from the input's: {}",
         differences(&want, &got)
     );
-    let s = summary(&p, "a");
+    let s = p.summary("a");
     let promoted: Vec<i64> = s["partitions"]["promoted"]
         .as_array()
         .unwrap()
@@ -202,7 +193,7 @@ fn standby_figures() {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 stop(&mut child, label, &p);
-                summary(&p, label)["partitions"]["opened"][0][1].clone()
+                p.summary(label)["partitions"]["opened"][0][1].clone()
             };
             let promoted = open(1, "promoted");
             let cold = open(2, "cold");
